@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/order"
+)
+
+// harness is the outside world of one `billing serve`: a real broker
+// (embedded, over TCP), a real PostgreSQL database of the test's own, and a
+// fake payment provider with idempotency and faults.
+type harness struct {
+	t      *testing.T
+	broker *devkafka.Broker
+	client sarama.Client
+	db     *sqlx.DB
+	dsn    string
+	psp    *fakepsp.Server
+	pspURL string
+}
+
+func newHarness(t *testing.T, partitions int32) *harness {
+	t.Helper()
+	h := &harness{t: t}
+	h.broker = kafkatest.StartBroker(t, partitions)
+	h.client = kafkatest.Client(t, h.broker.Addr())
+	h.db, h.dsn = dbtest.New(t)
+	h.psp = fakepsp.New(fakepsp.Options{Seed: 1})
+	srv := httptest.NewServer(h.psp)
+	t.Cleanup(srv.Close)
+	h.pspURL = srv.URL
+	return h
+}
+
+// environ is serve's environment, with overrides applied.
+func (h *harness) environ(overrides ...string) map[string]string {
+	env := map[string]string{
+		"KAFKA_BROKERS":    h.broker.Addr(),
+		"DATABASE_URL":     h.dsn,
+		"PAYMENT_BASE_URL": h.pspURL,
+		"PAYMENT_TIMEOUT":  "2s",
+		"HTTP_ADDR":        freeAddr(h.t),
+		"LOG_LEVEL":        "debug",
+		"DRAIN_TIMEOUT":    "5s",
+	}
+	for i := 0; i+1 < len(overrides); i += 2 {
+		env[overrides[i]] = overrides[i+1]
+	}
+	return env
+}
+
+// service is a running `billing serve`.
+type service struct {
+	addr   string
+	cancel context.CancelFunc
+	done   chan error
+	logs   *syncBuffer
+
+	stopOnce sync.Once
+}
+
+// serve starts `billing serve` in-process and waits for /readyz.
+func (h *harness) serve(env map[string]string) *service {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &service{addr: env["HTTP_ADDR"], cancel: cancel, done: make(chan error, 1), logs: &syncBuffer{}}
+	go func() { s.done <- run(ctx, []string{"billing", "serve"}, env, io.Discard, s.logs) }()
+	h.t.Cleanup(func() {
+		s.stop(h.t)
+		if h.t.Failed() {
+			h.t.Logf("serve logs:\n%s", s.logs.String())
+		}
+	})
+	s.waitReady(h.t)
+	return s
+}
+
+func (s *service) waitReady(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-s.done:
+			s.done <- err
+			t.Fatalf("serve exited before ready: %v\n%s", err, s.logs.String())
+		default:
+		}
+		if code, _ := get(s.addr, "/readyz"); code == http.StatusOK {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("serve not ready within 30s\n%s", s.logs.String())
+}
+
+// stop sends the equivalent of SIGTERM and waits for a clean exit; it may
+// be called more than once.
+func (s *service) stop(t *testing.T) {
+	t.Helper()
+	s.stopOnce.Do(func() {
+		s.cancel()
+		select {
+		case err := <-s.done:
+			if err != nil {
+				t.Errorf("serve exited with %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("serve did not stop within 30s")
+		}
+	})
+}
+
+// metric returns the value of a counter or gauge series in /metrics, e.g.
+// `billing_events_total{outcome="charged"}`; 0 when absent.
+func (s *service) metric(t *testing.T, series string) float64 {
+	t.Helper()
+	_, body := get(s.addr, "/metrics")
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	name, labels, _ := strings.Cut(strings.TrimSuffix(series, "}"), "{")
+	fam, ok := families[name]
+	if !ok {
+		return 0
+	}
+	for _, m := range fam.GetMetric() {
+		var parts []string
+		for _, l := range m.GetLabel() {
+			parts = append(parts, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+		}
+		if strings.Join(parts, ",") != labels {
+			continue
+		}
+		switch {
+		case m.Counter != nil:
+			return m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue()
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return 0
+}
+
+// event builds a valid event of orderID for amount minor units of currency.
+func event(t *testing.T, orderID int64, minor int64, currency string) (order.Event, []byte) {
+	t.Helper()
+	ev, err := order.New(orderID, 1000+orderID, order.Money{Minor: minor, Currency: currency}, time.Now().UTC())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ev.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev, b
+}
+
+// publish writes value with the order id as key to partition.
+func (h *harness) publish(partition int32, key string, value []byte) {
+	h.t.Helper()
+	kafkatest.Produce(h.t, h.client, kafkatest.Topic, kafkatest.Message{Partition: partition, Key: []byte(key), Value: value})
+}
+
+func (h *harness) waitCaughtUp() {
+	h.t.Helper()
+	kafkatest.WaitCaughtUp(h.t, h.client, kafkatest.Group, kafkatest.Topic, 60*time.Second)
+}
+
+// count runs a count(*) query.
+func (h *harness) count(query string, args ...any) int {
+	h.t.Helper()
+	var n int
+	if err := h.db.Get(&n, query, args...); err != nil {
+		h.t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// eventually polls cond until it holds or fails the test after timeout.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func get(addr, path string) (int, string) {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// syncBuffer collects logs written from many goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,23 @@
+// Command billing charges confirmed orders exactly once in effect. See
+// `billing help` for its subcommands.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"example.com/billing/internal/config"
+)
+
+func main() {
+	// Kubernetes stops a pod with SIGTERM, a terminal with SIGINT: both drain.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() { <-ctx.Done(); stop() }() // a second signal kills at once
+	if err := run(ctx, os.Args, config.Environ(), os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "billing:", err)
+		os.Exit(1)
+	}
+}

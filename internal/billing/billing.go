@@ -1,0 +1,210 @@
+// Package billing charges each confirmed order exactly once in effect.
+//
+// Kafka delivers at least once. For every event, in one READ COMMITTED
+// transaction, billing claims the event id in the dedup store and, only when
+// the claim is new, charges the order and records the outcome; the caller
+// marks the Kafka offset only after that transaction committed. A redelivered
+// event finds its claim and is skipped; a charge whose answer was lost is
+// retried under the same Idempotency-Key and deduplicated by the provider.
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jmoiron/sqlx"
+
+	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/order"
+	"example.com/billing/internal/payment"
+	"example.com/billing/internal/postgres"
+)
+
+// Outcome is what became of one message.
+type Outcome int
+
+const (
+	// Pending: not finished; the message must be retried and its offset must
+	// not be marked.
+	Pending Outcome = iota
+	// Charged: the provider charged the order and the charge was recorded.
+	Charged
+	// Duplicate: the event was already processed by this consumer group.
+	Duplicate
+	// AlreadyCharged: a different event for an order that already has a
+	// succeeded charge; recorded as processed, not charged.
+	AlreadyCharged
+	// Declined: the provider declined the payment; recorded, not retried.
+	Declined
+	// Parked: the event cannot be processed as it is and belongs in the
+	// dead-letter topic; Result.Code and Result.Detail say why.
+	Parked
+)
+
+// String returns the outcome's metric label.
+func (o Outcome) String() string {
+	switch o {
+	case Pending:
+		return "pending"
+	case Charged:
+		return metrics.OutcomeCharged
+	case Duplicate:
+		return metrics.OutcomeDuplicate
+	case AlreadyCharged:
+		return metrics.OutcomeAlreadyCharged
+	case Declined:
+		return metrics.OutcomeDeclined
+	case Parked:
+		return metrics.OutcomeInvalid
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Dead-letter reason codes: the stable, kebab-case start of x-dlq-reason.
+const (
+	CodeInvalidEvent     = "invalid-event"
+	CodeStaleEvent       = "stale-event"
+	CodePayloadMismatch  = "payload-mismatch"
+	CodeProviderRejected = "provider-rejected"
+)
+
+// Result is the fate of one message.
+type Result struct {
+	Outcome Outcome
+	Code    string      // for Parked: one of the Code constants
+	Detail  string      // for Parked: the rule that failed, for a human
+	Event   order.Event // the decoded event; zero when it did not decode
+}
+
+// Reason is the dead-letter reason, "<code>: <detail>".
+func (r Result) Reason() string { return r.Code + ": " + r.Detail }
+
+// Payer charges through the payment provider. Its errors wrap
+// payment.ErrDeclined or payment.ErrRejected, or are transient.
+type Payer interface {
+	Charge(ctx context.Context, r payment.Request) (payment.Charge, error)
+}
+
+// Processor turns Kafka message values into charges.
+type Processor struct {
+	db      *sqlx.DB
+	dedup   *dedup.Store
+	payer   Payer
+	metrics *metrics.Metrics
+	log     *slog.Logger
+}
+
+// NewProcessor returns a Processor that records in db, deduplicates with
+// store and charges through payer.
+func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, m *metrics.Metrics, log *slog.Logger) *Processor {
+	return &Processor{db: db, dedup: store, payer: payer, metrics: m, log: log}
+}
+
+// Process handles the values of consecutive messages of one lane, in order,
+// and returns one Result for each.
+//
+// Valid events are settled together in one transaction. When it fails for a
+// reason outside the events (database, provider outage), every valid event is
+// left Pending and the error says why: the caller retries them later, and the
+// provider deduplicates any charge that was made before the rollback. Invalid
+// events are Parked whatever happens to the others.
+func (p *Processor) Process(ctx context.Context, values [][]byte) ([]Result, error) {
+	results := make([]Result, len(values))
+	valid := make([]int, 0, len(values))
+	for i, v := range values {
+		ev, err := order.Parse(v)
+		if err != nil {
+			results[i] = Result{Outcome: Parked, Code: CodeInvalidEvent, Detail: err.Error()}
+			continue
+		}
+		results[i].Event = ev
+		valid = append(valid, i)
+	}
+	if len(valid) == 0 {
+		return results, nil
+	}
+
+	err := p.settle(ctx, results, valid)
+	if errors.Is(err, payment.ErrRejected) && len(valid) > 1 {
+		// The provider refused one request of the group: settle the events
+		// one by one so that only that one is parked.
+		for n := range valid {
+			if err = p.settle(ctx, results, valid[n:n+1]); err != nil && !errors.Is(err, payment.ErrRejected) {
+				return results, err
+			}
+		}
+		return results, nil
+	}
+	if err != nil && !errors.Is(err, payment.ErrRejected) {
+		return results, err
+	}
+	return results, nil
+}
+
+// settle runs the events results[idx] in one transaction and fills their
+// outcomes once it committed. A single event that the provider rejects is
+// Parked and ErrRejected returned.
+func (p *Processor) settle(ctx context.Context, results []Result, idx []int) error {
+	events := make([]order.Event, len(idx))
+	for n, i := range idx {
+		events[n] = results[i].Event
+	}
+	var outcomes []Outcome
+	err := postgres.InTx(ctx, p.db, func(tx *sqlx.Tx) error {
+		var err error
+		outcomes, err = p.claimAndCharge(ctx, tx, events)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, payment.ErrRejected) && len(idx) == 1 {
+			results[idx[0]].Outcome = Parked
+			results[idx[0]].Code = CodeProviderRejected
+			results[idx[0]].Detail = err.Error()
+		}
+		return err
+	}
+	for n, i := range idx {
+		results[i].Outcome = outcomes[n]
+	}
+	p.metrics.Batch.Observe(float64(len(idx)))
+	return nil
+}
+
+// claimAndCharge claims the events in the dedup store and charges those seen
+// for the first time, all inside tx.
+func (p *Processor) claimAndCharge(ctx context.Context, tx *sqlx.Tx, events []order.Event) ([]Outcome, error) {
+	ids := make([]uuid.UUID, len(events))
+	for i, ev := range events {
+		ids[i] = ev.ID
+	}
+	verdicts, err := p.dedup.Claim(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	outcomes := make([]Outcome, len(events))
+	var fresh []order.Event
+	var freshAt []int
+	for i, v := range verdicts {
+		if v == dedup.Duplicate {
+			outcomes[i] = Duplicate
+			continue
+		}
+		fresh = append(fresh, events[i])
+		freshAt = append(freshAt, i)
+	}
+	if len(fresh) == 0 {
+		return outcomes, nil
+	}
+	charged, err := ChargeOrders(ctx, tx, p.payer, fresh)
+	if err != nil {
+		return nil, err
+	}
+	for n, i := range freshAt {
+		outcomes[i] = charged[n]
+	}
+	return outcomes, nil
+}

@@ -1,0 +1,366 @@
+// Package config reads billing's settings from the environment, once, at
+// start. A missing or bad value stops the process with an error that names
+// the variable; secrets are masked whenever a configuration is logged.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/caarlos0/env/v11"
+	"github.com/lib/pq"
+
+	"example.com/billing/internal/postgres"
+)
+
+// Kafka holds the broker connection and topic settings.
+type Kafka struct {
+	Brokers    []string `env:"KAFKA_BROKERS" envDefault:"localhost:9092" envSeparator:"," notEmpty:"true"`
+	Topic      string   `env:"KAFKA_TOPIC" envDefault:"orders.confirmed"`
+	GroupID    string   `env:"KAFKA_GROUP_ID" envDefault:"billing-order-confirmed"`
+	DLQTopic   string   `env:"KAFKA_DLQ_TOPIC" envDefault:"orders.confirmed.dlq"`
+	ClientID   string   `env:"KAFKA_CLIENT_ID" envDefault:"billing"`
+	InstanceID string   `env:"KAFKA_INSTANCE_ID"` // static group membership, e.g. the pod name
+	Version    string   `env:"KAFKA_VERSION" envDefault:"3.6.0"`
+
+	TLSEnabled  bool   `env:"KAFKA_TLS_ENABLED" envDefault:"false"`
+	TLSCAFile   string `env:"KAFKA_TLS_CA_FILE"`
+	TLSCertFile string `env:"KAFKA_TLS_CERT_FILE"`
+	TLSKeyFile  string `env:"KAFKA_TLS_KEY_FILE"`
+
+	SASLMechanism string `env:"KAFKA_SASL_MECHANISM"`
+	SASLUsername  string `env:"KAFKA_SASL_USERNAME"`
+	SASLPassword  string `env:"KAFKA_SASL_PASSWORD"`
+}
+
+// Database holds the PostgreSQL settings.
+type Database struct {
+	URL string `env:"DATABASE_URL,required" notEmpty:"true"`
+	// MaxConns bounds the pool. Each transaction holds a connection while it
+	// waits for the payment provider, so this also bounds the charges in
+	// flight.
+	MaxConns int `env:"DATABASE_MAX_CONNS" envDefault:"16"`
+}
+
+// Payment holds the payment provider settings.
+type Payment struct {
+	BaseURL string        `env:"PAYMENT_BASE_URL,required" notEmpty:"true"`
+	APIKey  string        `env:"PAYMENT_API_KEY"`
+	Timeout time.Duration `env:"PAYMENT_TIMEOUT" envDefault:"10s"`
+}
+
+// Consumer tunes the consumer's concurrency.
+type Consumer struct {
+	// MaxInFlight bounds the messages taken off partitions and not yet
+	// finished, per instance. 0 means DATABASE_MAX_CONNS × CONSUMER_BATCH_MAX.
+	MaxInFlight int `env:"MAX_IN_FLIGHT" envDefault:"0"`
+	// Lanes is the number of key-ordered lanes per partition: messages with
+	// different keys run concurrently, messages with one key in order.
+	Lanes int `env:"CONSUMER_LANES" envDefault:"8"`
+	// BatchMax is the most events of one lane settled in one transaction.
+	BatchMax int `env:"CONSUMER_BATCH_MAX" envDefault:"16"`
+	// DrainTimeout bounds how long in-flight work may run after a partition
+	// is revoked or SIGTERM arrives; what is unfinished then is abandoned
+	// (rolled back, not marked) and redelivered to the next owner.
+	DrainTimeout time.Duration `env:"DRAIN_TIMEOUT" envDefault:"10s"`
+	// CommitEveryMessage commits offsets synchronously after every finished
+	// message instead of once a second: the seed design's behaviour, kept
+	// for the benchmark baseline.
+	CommitEveryMessage bool `env:"KAFKA_COMMIT_EVERY_MESSAGE" envDefault:"false"`
+}
+
+// Serve is the configuration of `billing serve`.
+type Serve struct {
+	Kafka    Kafka
+	Database Database
+	Payment  Payment
+	Consumer Consumer
+
+	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
+	// DedupRetention is how long processed_event remembers an event. 720h is
+	// advised for topics that are replayed from a DLQ.
+	DedupRetention           time.Duration `env:"DEDUP_RETENTION" envDefault:"168h"`
+	DedupAllowShortRetention bool          `env:"DEDUP_ALLOW_SHORT_RETENTION" envDefault:"false"`
+	LogLevel                 slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
+}
+
+// Validator is a configuration that can check its own values.
+type Validator interface {
+	Validate() error
+}
+
+// Load fills cfg from environ (variable name → value) and validates it.
+func Load(environ map[string]string, cfg Validator) error {
+	if err := emptyButSet(environ, cfg); err != nil {
+		return err
+	}
+	if err := env.ParseWithOptions(cfg, env.Options{Environment: environ}); err != nil {
+		return nameVariables(err, cfg)
+	}
+	return cfg.Validate()
+}
+
+// Environ returns the process environment as a map, for Load.
+func Environ() map[string]string {
+	m := make(map[string]string)
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
+}
+
+// VarError is a bad configuration value; it names the variable.
+type VarError struct {
+	Var string
+	Err error
+}
+
+func (e *VarError) Error() string { return "config: " + e.Var + ": " + e.Err.Error() }
+func (e *VarError) Unwrap() error { return e.Err }
+
+func bad(name, format string, args ...any) error {
+	return &VarError{Var: name, Err: fmt.Errorf(format, args...)}
+}
+
+// emptyButSet rejects a variable marked notEmpty that is set to "". The env
+// library would quietly use the default, but an operator who wrote
+// KAFKA_BROKERS= made a mistake worth stopping for.
+func emptyButSet(environ map[string]string, cfg any) error {
+	var err error
+	walkFields(reflect.TypeOf(cfg), func(f reflect.StructField, name string) {
+		if v, ok := environ[name]; ok && strings.TrimSpace(v) == "" && f.Tag.Get("notEmpty") == "true" && err == nil {
+			err = bad(name, "is set but empty")
+		}
+	})
+	return err
+}
+
+// nameVariables rewrites the env library's errors, which name Go fields, so
+// that they name the environment variable the operator must fix.
+func nameVariables(err error, cfg any) error {
+	byField := map[string]string{}
+	walkFields(reflect.TypeOf(cfg), func(f reflect.StructField, name string) { byField[f.Name] = name })
+	var agg env.AggregateError
+	if !errors.As(err, &agg) || len(agg.Errors) == 0 {
+		return fmt.Errorf("config: %w", err)
+	}
+	first := agg.Errors[0]
+	var pe env.ParseError
+	if errors.As(first, &pe) {
+		return &VarError{Var: byField[pe.Name], Err: pe.Err}
+	}
+	var ns env.VarIsNotSetError
+	if errors.As(first, &ns) {
+		return bad(ns.Key, "is required")
+	}
+	return fmt.Errorf("config: %w", first)
+}
+
+func walkFields(t reflect.Type, fn func(f reflect.StructField, name string)) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Type.Kind() == reflect.Struct && f.Tag.Get("env") == "" && f.Type != reflect.TypeOf(time.Time{}) {
+			walkFields(f.Type, fn)
+			continue
+		}
+		if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" {
+			fn(f, name)
+		}
+	}
+}
+
+var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// Validate checks the Kafka settings.
+func (k *Kafka) Validate() error {
+	for _, b := range k.Brokers {
+		host, port, err := net.SplitHostPort(strings.TrimSpace(b))
+		if err != nil || host == "" {
+			return bad("KAFKA_BROKERS", "%q is not host:port", b)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return bad("KAFKA_BROKERS", "%q has no valid port", b)
+		}
+	}
+	if !topicName.MatchString(k.Topic) {
+		return bad("KAFKA_TOPIC", "%q is not a valid topic name", k.Topic)
+	}
+	if !topicName.MatchString(k.DLQTopic) {
+		return bad("KAFKA_DLQ_TOPIC", "%q is not a valid topic name", k.DLQTopic)
+	}
+	if k.DLQTopic == k.Topic {
+		return bad("KAFKA_DLQ_TOPIC", "must differ from KAFKA_TOPIC")
+	}
+	if strings.TrimSpace(k.GroupID) == "" {
+		return bad("KAFKA_GROUP_ID", "must not be empty")
+	}
+	if strings.TrimSpace(k.ClientID) == "" {
+		return bad("KAFKA_CLIENT_ID", "must not be empty")
+	}
+	if _, err := sarama.ParseKafkaVersion(k.Version); err != nil {
+		return bad("KAFKA_VERSION", "%q is not a Kafka version", k.Version)
+	}
+	if !k.TLSEnabled {
+		for name, v := range map[string]string{"KAFKA_TLS_CA_FILE": k.TLSCAFile, "KAFKA_TLS_CERT_FILE": k.TLSCertFile, "KAFKA_TLS_KEY_FILE": k.TLSKeyFile} {
+			if v != "" {
+				return bad(name, "is set but KAFKA_TLS_ENABLED is false")
+			}
+		}
+	}
+	if (k.TLSCertFile == "") != (k.TLSKeyFile == "") {
+		return bad("KAFKA_TLS_CERT_FILE", "KAFKA_TLS_CERT_FILE and KAFKA_TLS_KEY_FILE go together")
+	}
+	for name, path := range map[string]string{"KAFKA_TLS_CA_FILE": k.TLSCAFile, "KAFKA_TLS_CERT_FILE": k.TLSCertFile, "KAFKA_TLS_KEY_FILE": k.TLSKeyFile} {
+		if path == "" {
+			continue
+		}
+		if _, err := os.Stat(path); err != nil {
+			return bad(name, "%w", err)
+		}
+	}
+	switch k.SASLMechanism {
+	case "":
+		if k.SASLUsername != "" || k.SASLPassword != "" {
+			return bad("KAFKA_SASL_MECHANISM", "is required when KAFKA_SASL_USERNAME or KAFKA_SASL_PASSWORD is set")
+		}
+	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+		if k.SASLUsername == "" {
+			return bad("KAFKA_SASL_USERNAME", "is required with KAFKA_SASL_MECHANISM=%s", k.SASLMechanism)
+		}
+		if k.SASLPassword == "" {
+			return bad("KAFKA_SASL_PASSWORD", "is required with KAFKA_SASL_MECHANISM=%s", k.SASLMechanism)
+		}
+	default:
+		return bad("KAFKA_SASL_MECHANISM", "%q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512", k.SASLMechanism)
+	}
+	return nil
+}
+
+// LogValue masks the SASL password.
+func (k Kafka) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Any("brokers", k.Brokers),
+		slog.String("topic", k.Topic),
+		slog.String("group_id", k.GroupID),
+		slog.String("dlq_topic", k.DLQTopic),
+		slog.String("client_id", k.ClientID),
+		slog.String("instance_id", k.InstanceID),
+		slog.String("version", k.Version),
+		slog.Bool("tls", k.TLSEnabled),
+		slog.String("sasl_mechanism", k.SASLMechanism),
+		slog.String("sasl_username", k.SASLUsername),
+		slog.String("sasl_password", mask(k.SASLPassword)),
+	)
+}
+
+// Validate checks the database settings.
+func (d *Database) Validate() error {
+	if _, err := pq.NewConfig(d.URL); err != nil {
+		// The parser's message can quote the URL; keep the password out.
+		return bad("DATABASE_URL", "cannot be parsed: %s", postgres.Redact(err.Error()))
+	}
+	if d.MaxConns < 1 || d.MaxConns > 1000 {
+		return bad("DATABASE_MAX_CONNS", "%d is outside 1..1000", d.MaxConns)
+	}
+	return nil
+}
+
+// LogValue masks the password in the URL.
+func (d Database) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("url", postgres.Redact(d.URL)), slog.Int("max_conns", d.MaxConns))
+}
+
+// Validate checks the payment provider settings.
+func (p *Payment) Validate() error {
+	u, err := url.Parse(p.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return bad("PAYMENT_BASE_URL", "%q is not an http(s) URL", p.BaseURL)
+	}
+	if u.User != nil {
+		return bad("PAYMENT_BASE_URL", "must not carry credentials; use PAYMENT_API_KEY")
+	}
+	if p.Timeout <= 0 || p.Timeout > 5*time.Minute {
+		return bad("PAYMENT_TIMEOUT", "%s is outside (0, 5m]", p.Timeout)
+	}
+	return nil
+}
+
+// LogValue masks the API key.
+func (p Payment) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("base_url", p.BaseURL),
+		slog.String("api_key", mask(p.APIKey)),
+		slog.Duration("timeout", p.Timeout),
+	)
+}
+
+// Validate checks the consumer settings.
+func (c *Consumer) Validate() error {
+	if c.MaxInFlight < 0 || c.MaxInFlight > 100000 {
+		return bad("MAX_IN_FLIGHT", "%d is outside 0..100000", c.MaxInFlight)
+	}
+	if c.Lanes < 1 || c.Lanes > 1024 {
+		return bad("CONSUMER_LANES", "%d is outside 1..1024", c.Lanes)
+	}
+	if c.BatchMax < 1 || c.BatchMax > 1000 {
+		return bad("CONSUMER_BATCH_MAX", "%d is outside 1..1000", c.BatchMax)
+	}
+	if c.DrainTimeout <= 0 {
+		return bad("DRAIN_TIMEOUT", "must be positive")
+	}
+	return nil
+}
+
+// Validate checks every setting of serve.
+func (s *Serve) Validate() error {
+	for _, v := range []Validator{&s.Kafka, &s.Database, &s.Payment, &s.Consumer} {
+		if err := v.Validate(); err != nil {
+			return err
+		}
+	}
+	if _, _, err := net.SplitHostPort(s.HTTPAddr); err != nil {
+		return bad("HTTP_ADDR", "%q is not [host]:port", s.HTTPAddr)
+	}
+	if s.DedupRetention < time.Hour {
+		return bad("DEDUP_RETENTION", "%s is shorter than 1h", s.DedupRetention)
+	}
+	if s.Consumer.MaxInFlight == 0 {
+		s.Consumer.MaxInFlight = s.Database.MaxConns * s.Consumer.BatchMax
+	}
+	return nil
+}
+
+// LogValue lists the settings with secrets masked.
+func (s Serve) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Any("kafka", s.Kafka),
+		slog.Any("database", s.Database),
+		slog.Any("payment", s.Payment),
+		slog.Any("consumer", s.Consumer),
+		slog.String("http_addr", s.HTTPAddr),
+		slog.Duration("dedup_retention", s.DedupRetention),
+		slog.Bool("dedup_allow_short_retention", s.DedupAllowShortRetention),
+		slog.String("log_level", s.LogLevel.String()),
+	)
+}
+
+func mask(secret string) string {
+	if secret == "" {
+		return ""
+	}
+	return "xxxxx"
+}

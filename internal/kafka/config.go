@@ -1,0 +1,148 @@
+package kafka
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/xdg-go/scram"
+
+	"example.com/billing/internal/config"
+)
+
+// NewConfig returns the sarama configuration shared by billing's consumer,
+// dead-letter producer, admin calls and the produce tool: broker version,
+// client id, TLS and SASL from k.
+func NewConfig(k config.Kafka) (*sarama.Config, error) {
+	cfg := sarama.NewConfig()
+	v, err := sarama.ParseKafkaVersion(k.Version)
+	if err != nil {
+		return nil, fmt.Errorf("KAFKA_VERSION: %w", err)
+	}
+	cfg.Version = v
+	cfg.ClientID = k.ClientID
+	// Topics are created by their owners (deploy, devkafka), never by a
+	// typo in a consumer's configuration.
+	cfg.Metadata.AllowAutoTopicCreation = false
+
+	if k.TLSEnabled {
+		tlsCfg, err := tlsConfig(k)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Net.TLS.Enable = true
+		cfg.Net.TLS.Config = tlsCfg
+	}
+	if k.SASLMechanism != "" {
+		cfg.Net.SASL.Enable = true
+		cfg.Net.SASL.Handshake = true
+		cfg.Net.SASL.User = k.SASLUsername
+		cfg.Net.SASL.Password = k.SASLPassword
+		switch k.SASLMechanism {
+		case sarama.SASLTypePlaintext:
+			cfg.Net.SASL.Mechanism = sarama.SASLTypePlaintext
+		case sarama.SASLTypeSCRAMSHA256:
+			cfg.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
+			cfg.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA256} }
+		case sarama.SASLTypeSCRAMSHA512:
+			cfg.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
+			cfg.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA512} }
+		default:
+			return nil, fmt.Errorf("KAFKA_SASL_MECHANISM: unsupported %q", k.SASLMechanism)
+		}
+	}
+	return cfg, nil
+}
+
+// ConsumerConfig adds the consumer group settings to NewConfig's.
+func ConsumerConfig(k config.Kafka) (*sarama.Config, error) {
+	cfg, err := NewConfig(k)
+	if err != nil {
+		return nil, err
+	}
+	// A new group starts from the oldest offset: the events published before
+	// billing first ran must be charged too.
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	// sarama commits the *marked* offsets once a second and when a session
+	// ends; billing marks a message only after its transaction committed or
+	// its DLQ write was acknowledged, and never past an unfinished one.
+	cfg.Consumer.Offsets.AutoCommit.Enable = true
+	cfg.Consumer.Offsets.AutoCommit.Interval = time.Second
+	cfg.Consumer.Return.Errors = true
+	// Cooperative-sticky: a rebalance moves only the partitions that must
+	// move, the others keep being processed.
+	cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+	if k.InstanceID != "" {
+		// Static membership: a restarted pod with the same id gets its
+		// partitions back without a rebalance, if it returns within the
+		// session timeout.
+		cfg.Consumer.Group.InstanceId = k.InstanceID
+		cfg.Consumer.Group.Session.Timeout = 45 * time.Second
+		cfg.Consumer.Group.Heartbeat.Interval = 3 * time.Second
+	}
+	return cfg, nil
+}
+
+// ProducerConfig adds the settings of an idempotent producer that waits for
+// all in-sync replicas: the seed's producer rules, and the dead-letter
+// producer's, which must never lose a parked message.
+func ProducerConfig(k config.Kafka) (*sarama.Config, error) {
+	cfg, err := NewConfig(k)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Producer.Idempotent = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Net.MaxOpenRequests = 1 // required by the idempotent producer
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.Return.Errors = true
+	cfg.Producer.Retry.Max = 10
+	cfg.Producer.Retry.Backoff = 250 * time.Millisecond
+	cfg.Producer.Compression = sarama.CompressionZSTD
+	cfg.Producer.Partitioner = sarama.NewHashPartitioner
+	return cfg, nil
+}
+
+func tlsConfig(k config.Kafka) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if k.TLSCAFile != "" {
+		pem, err := os.ReadFile(k.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("KAFKA_TLS_CA_FILE: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("KAFKA_TLS_CA_FILE: no PEM certificate in %s", k.TLSCAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if k.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(k.TLSCertFile, k.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("KAFKA_TLS_CERT_FILE/KAFKA_TLS_KEY_FILE: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// scramClient adapts xdg-go/scram to sarama's SCRAMClient.
+type scramClient struct {
+	hash scram.HashGeneratorFcn
+	conv *scram.ClientConversation
+}
+
+func (s *scramClient) Begin(user, password, authzID string) error {
+	c, err := s.hash.NewClient(user, password, authzID)
+	if err != nil {
+		return err
+	}
+	s.conv = c.NewConversation()
+	return nil
+}
+
+func (s *scramClient) Step(challenge string) (string, error) { return s.conv.Step(challenge) }
+func (s *scramClient) Done() bool                            { return s.conv.Done() }

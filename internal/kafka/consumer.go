@@ -1,0 +1,412 @@
+// Package kafka is billing's adapter to Apache Kafka through sarama: the
+// consumer group that feeds events to the billing processor, the dead-letter
+// producer, and the configuration they share.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/cenkalti/backoff/v5"
+
+	"example.com/billing/internal/billing"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/payment"
+)
+
+// Processor settles the values of consecutive messages of one lane and says
+// what became of each (billing.Processor).
+type Processor interface {
+	Process(ctx context.Context, values [][]byte) ([]billing.Result, error)
+}
+
+// Options tune a Consumer.
+type Options struct {
+	Topic string
+	Group string
+	// Lanes per partition: messages with different keys run concurrently,
+	// messages with the same key in offset order.
+	Lanes int
+	// BatchMax is the most messages of one lane handed to the processor at
+	// once (one transaction).
+	BatchMax int
+	// MaxInFlight bounds messages taken off partitions and not yet finished,
+	// across all partitions of this instance: back-pressure on fetching.
+	MaxInFlight int
+	// DrainTimeout bounds how long in-flight work may go on after a
+	// partition is revoked or the consumer stops.
+	DrainTimeout time.Duration
+	// CommitEveryMessage commits synchronously after each marked offset
+	// instead of once a second (the seed design; a benchmark baseline).
+	CommitEveryMessage bool
+}
+
+// Consumer consumes the order topic in a consumer group.
+type Consumer struct {
+	client  sarama.Client
+	group   sarama.ConsumerGroup
+	proc    Processor
+	dlq     *DLQ
+	opts    Options
+	metrics *metrics.Metrics
+	log     *slog.Logger
+
+	tokens chan struct{} // one per message in flight
+	ready  atomic.Bool   // holds a group session
+
+	mu    sync.Mutex
+	owned map[int32]*partition // partitions being consumed, for lag
+}
+
+// NewConsumer joins group opts.Group through client when Run is called.
+func NewConsumer(client sarama.Client, proc Processor, dlq *DLQ, opts Options, m *metrics.Metrics, log *slog.Logger) (*Consumer, error) {
+	group, err := sarama.NewConsumerGroupFromClient(opts.Group, client)
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		client:  client,
+		group:   group,
+		proc:    proc,
+		dlq:     dlq,
+		opts:    opts,
+		metrics: m,
+		log:     log,
+		tokens:  make(chan struct{}, opts.MaxInFlight),
+		owned:   make(map[int32]*partition),
+	}, nil
+}
+
+// Ready reports whether the consumer holds a group session.
+func (c *Consumer) Ready() bool { return c.ready.Load() }
+
+// Run consumes until ctx is done, then drains in-flight work (within the
+// drain timeout), commits the marked offsets and leaves the group.
+func (c *Consumer) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for err := range c.group.Errors() {
+			c.log.Warn("consumer group error", "err", err)
+		}
+	})
+	lagCtx, stopLag := context.WithCancel(ctx)
+	defer stopLag()
+	wg.Go(func() { c.reportLag(lagCtx) })
+
+	retry := backoff.NewExponentialBackOff()
+	retry.MaxInterval = 10 * time.Second
+	for ctx.Err() == nil {
+		// Consume returns when the session ends: on shutdown, or after an
+		// eager rebalance or a lost session; then join again.
+		err := c.group.Consume(ctx, []string{c.opts.Topic}, c)
+		if ctx.Err() != nil {
+			break
+		}
+		if err == nil {
+			retry.Reset()
+			continue
+		}
+		if errors.Is(err, sarama.ErrClosedConsumerGroup) {
+			return err
+		}
+		wait := retry.NextBackOff()
+		c.log.Warn("consumer group session failed; joining again", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	return c.group.Close()
+}
+
+// Setup implements sarama.ConsumerGroupHandler.
+func (c *Consumer) Setup(sess sarama.ConsumerGroupSession) error {
+	c.ready.Store(true)
+	c.log.Info("joined consumer group", "member_id", sess.MemberID(), "generation", sess.GenerationID(), "claims", sess.Claims())
+	return nil
+}
+
+// Cleanup implements sarama.ConsumerGroupHandler.
+func (c *Consumer) Cleanup(sess sarama.ConsumerGroupSession) error {
+	c.ready.Store(false)
+	c.log.Info("left consumer group session", "member_id", sess.MemberID(), "generation", sess.GenerationID())
+	return nil
+}
+
+// ConsumeClaim implements sarama.ConsumerGroupHandler. It dispatches the
+// partition's messages to key-ordered lanes and returns when the claim ends
+// (revoked, or the session is over), after the lanes finished or abandoned
+// their work.
+func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	p := c.newPartition(sess, claim)
+	c.mu.Lock()
+	c.owned[claim.Partition()] = p
+	c.mu.Unlock()
+	c.metrics.Rebalances.WithLabelValues("assigned").Inc()
+	c.log.Info("partition assigned", "topic", claim.Topic(), "partition", claim.Partition(), "offset", claim.InitialOffset())
+
+	p.run(claim.Messages())
+
+	c.mu.Lock()
+	delete(c.owned, claim.Partition())
+	c.mu.Unlock()
+	c.metrics.Lag.DeleteLabelValues(partitionLabel(claim.Partition()))
+	c.metrics.Rebalances.WithLabelValues("revoked").Inc()
+	c.log.Info("partition released", "topic", claim.Topic(), "partition", claim.Partition(), "unfinished", p.tracker.unfinished())
+	return nil
+}
+
+// partition is the consumption of one claimed partition.
+type partition struct {
+	c     *Consumer
+	sess  sarama.ConsumerGroupSession
+	topic string
+	id    int32
+
+	tracker tracker
+	lanes   []chan *sarama.ConsumerMessage
+	// stopped is closed when the claim ends: no new attempt starts, no retry
+	// waits any longer, queued messages are abandoned.
+	stopped chan struct{}
+	// work is the context of attempts. It outlives the claim by the drain
+	// timeout so that a transaction in progress can commit rather than be
+	// cut off half way.
+	work       context.Context
+	cancelWork context.CancelFunc
+}
+
+func (c *Consumer) newPartition(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *partition {
+	work, cancel := context.WithCancel(context.WithoutCancel(sess.Context()))
+	p := &partition{
+		c:          c,
+		sess:       sess,
+		topic:      claim.Topic(),
+		id:         claim.Partition(),
+		lanes:      make([]chan *sarama.ConsumerMessage, c.opts.Lanes),
+		stopped:    make(chan struct{}),
+		work:       work,
+		cancelWork: cancel,
+	}
+	for i := range p.lanes {
+		// A short queue per lane: enough to fill a batch, small enough that
+		// one slow key does not hoard the in-flight budget.
+		p.lanes[i] = make(chan *sarama.ConsumerMessage, c.opts.BatchMax)
+	}
+	return p
+}
+
+func (p *partition) run(messages <-chan *sarama.ConsumerMessage) {
+	var lanes sync.WaitGroup
+	for _, lane := range p.lanes {
+		lanes.Go(func() { p.runLane(lane) })
+	}
+
+	p.dispatch(messages)
+
+	close(p.stopped)
+	for _, lane := range p.lanes {
+		close(lane)
+	}
+	drained := make(chan struct{})
+	go func() { lanes.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(p.c.opts.DrainTimeout):
+		p.c.log.Warn("drain timeout: abandoning in-flight work", "topic", p.topic, "partition", p.id)
+		p.cancelWork()
+		<-drained
+	}
+	p.cancelWork()
+}
+
+// dispatch hands messages to lanes until the claim ends.
+func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
+	done := p.sess.Context().Done()
+	for {
+		var m *sarama.ConsumerMessage
+		select {
+		case msg, ok := <-messages:
+			if !ok {
+				return
+			}
+			m = msg
+		case <-done:
+			return
+		}
+		select {
+		case p.c.tokens <- struct{}{}:
+		case <-done:
+			return
+		}
+		p.tracker.add(m.Offset)
+		select {
+		case p.lanes[laneOf(m.Key, len(p.lanes))] <- m:
+		case <-done:
+			<-p.c.tokens
+			return
+		}
+	}
+}
+
+// laneOf maps a key to a lane: one key, one lane, so one key's messages are
+// handled in offset order.
+func laneOf(key []byte, lanes int) int {
+	h := fnv.New32a()
+	h.Write(key)
+	return int(h.Sum32() % uint32(lanes))
+}
+
+func (p *partition) runLane(lane <-chan *sarama.ConsumerMessage) {
+	batch := make([]*sarama.ConsumerMessage, 0, p.c.opts.BatchMax)
+	for m := range lane {
+		batch = append(batch[:0], m)
+	fill:
+		for len(batch) < cap(batch) {
+			select {
+			case m, ok := <-lane:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, m)
+			default:
+				break fill
+			}
+		}
+		p.handle(batch)
+	}
+}
+
+func (p *partition) isStopped() bool {
+	select {
+	case <-p.stopped:
+		return true
+	default:
+		return false
+	}
+}
+
+// handle settles a batch, retrying what failed for reasons outside the
+// events with exponential backoff and jitter, until it is finished or the
+// claim ends.
+func (p *partition) handle(batch []*sarama.ConsumerMessage) {
+	started := time.Now()
+	pending := batch
+	var retry *backoff.ExponentialBackOff
+	for attempt := 1; ; attempt++ {
+		if p.isStopped() {
+			p.abandon(pending)
+			return
+		}
+		values := make([][]byte, len(pending))
+		for i, m := range pending {
+			values[i] = m.Value
+		}
+		results, err := p.c.proc.Process(p.work, values)
+
+		failed := cause(err)
+		var again []*sarama.ConsumerMessage
+		for i, r := range results {
+			m := pending[i]
+			switch r.Outcome {
+			case billing.Pending:
+				again = append(again, m)
+				continue
+			case billing.Parked:
+				if perr := p.c.dlq.Park(m, r.Reason()); perr != nil {
+					err, failed = perr, "dlq"
+					again = append(again, m)
+					continue
+				}
+			}
+			p.finish(m, r, started)
+		}
+		if len(again) == 0 {
+			return
+		}
+
+		if retry == nil {
+			retry = backoff.NewExponentialBackOff()
+			retry.InitialInterval = 100 * time.Millisecond
+			retry.MaxInterval = 5 * time.Second
+		}
+		wait := retry.NextBackOff()
+		var te *payment.TransientError
+		if errors.As(err, &te) && te.RetryAfter > wait {
+			wait = te.RetryAfter
+		}
+		p.c.metrics.Retries.WithLabelValues(failed).Inc()
+		p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
+			"offset", again[0].Offset, "messages", len(again), "attempt", attempt,
+			"retry_in", wait, "err", err)
+		if !p.wait(wait, len(again)) {
+			p.abandon(again)
+			return
+		}
+		pending = again
+	}
+}
+
+// wait sleeps d unless the claim ends first; it reports whether to go on.
+func (p *partition) wait(d time.Duration, messages int) bool {
+	p.c.metrics.Retrying.Add(float64(messages))
+	defer p.c.metrics.Retrying.Sub(float64(messages))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.stopped:
+		return false
+	}
+}
+
+// finish counts a finished message, marks what became committable and
+// frees its in-flight slot.
+func (p *partition) finish(m *sarama.ConsumerMessage, r billing.Result, started time.Time) {
+	now := time.Now()
+	p.c.metrics.Events.WithLabelValues(r.Outcome.String()).Inc()
+	p.c.metrics.Processing.Observe(now.Sub(started).Seconds())
+	attrs := []any{"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "outcome", r.Outcome.String()}
+	if !r.Event.OccurredAt.IsZero() {
+		p.c.metrics.EndToEnd.Observe(now.Sub(r.Event.OccurredAt).Seconds())
+		attrs = append(attrs, "event_id", r.Event.ID.String())
+	}
+	if r.Outcome == billing.Parked {
+		p.c.metrics.DLQ.WithLabelValues(r.Code).Inc()
+		p.c.log.Warn("message parked in dead-letter topic", append(attrs, "reason", r.Reason())...)
+	} else {
+		p.c.log.Debug("message processed", attrs...)
+	}
+
+	if next, ok := p.tracker.finish(m.Offset); ok {
+		p.sess.MarkOffset(p.topic, p.id, next, "")
+		if p.c.opts.CommitEveryMessage {
+			p.sess.Commit()
+		}
+	}
+	<-p.c.tokens
+}
+
+// abandon gives up messages when the claim ends: they are not marked, so the
+// partition's next owner gets them again.
+func (p *partition) abandon(ms []*sarama.ConsumerMessage) {
+	for range ms {
+		<-p.c.tokens
+	}
+}
+
+// cause names what an attempt failed on, for the retries metric.
+func cause(err error) string {
+	var te *payment.TransientError
+	if errors.As(err, &te) {
+		return "payment"
+	}
+	return "database"
+}

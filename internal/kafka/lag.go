@@ -1,0 +1,72 @@
+package kafka
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// lagInterval is how often consumer lag is read from the broker.
+const lagInterval = 5 * time.Second
+
+func partitionLabel(p int32) string { return strconv.FormatInt(int64(p), 10) }
+
+// reportLag sets billing_consumer_lag for the owned partitions from the
+// broker's high-water marks and the group's committed offsets, read from the
+// broker rather than from what this process believes it committed, and
+// refreshed while a partition is idle too.
+func (c *Consumer) reportLag(ctx context.Context) {
+	// The admin shares the consumer's client; closing it would close the
+	// client, so it is not closed here.
+	admin, err := sarama.NewClusterAdminFromClient(c.client)
+	if err != nil {
+		c.log.Warn("consumer lag unavailable", "err", err)
+		return
+	}
+	t := time.NewTicker(lagInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		parts := make([]int32, 0, len(c.owned))
+		for id := range c.owned {
+			parts = append(parts, id)
+		}
+		c.mu.Unlock()
+		if len(parts) == 0 {
+			continue
+		}
+		committed, err := admin.ListConsumerGroupOffsets(c.opts.Group, map[string][]int32{c.opts.Topic: parts})
+		if err != nil {
+			c.log.Debug("read committed offsets", "err", err)
+			continue
+		}
+		for _, id := range parts {
+			hwm, err := c.client.GetOffset(c.opts.Topic, id, sarama.OffsetNewest)
+			if err != nil {
+				continue
+			}
+			from := int64(-1)
+			if b := committed.GetBlock(c.opts.Topic, id); b != nil && b.Err == sarama.ErrNoError {
+				from = b.Offset
+			}
+			if from < 0 { // nothing committed yet: the group starts at the oldest offset
+				if from, err = c.client.GetOffset(c.opts.Topic, id, sarama.OffsetOldest); err != nil {
+					continue
+				}
+			}
+			c.mu.Lock()
+			_, still := c.owned[id]
+			if still {
+				c.metrics.Lag.WithLabelValues(partitionLabel(id)).Set(float64(max(hwm-from, 0)))
+			}
+			c.mu.Unlock()
+		}
+	}
+}

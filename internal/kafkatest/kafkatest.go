@@ -1,0 +1,250 @@
+// Package kafkatest helps tests talk to a real Kafka-protocol broker (an
+// embedded devkafka broker) through sarama, the way billing does: produce
+// events, read topics back, and compare a group's committed offsets with the
+// partitions' end offsets.
+package kafkatest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"example.com/billing/internal/devkafka"
+)
+
+// Topic names of the contract's defaults.
+const (
+	Topic    = "orders.confirmed"
+	DLQTopic = "orders.confirmed.dlq"
+	Group    = "billing-order-confirmed"
+)
+
+// StartBroker starts an in-memory broker on a free port with the order topic
+// and its dead-letter topic, and stops it when the test ends.
+func StartBroker(t testing.TB, partitions int32) *devkafka.Broker {
+	t.Helper()
+	b, err := devkafka.Start(devkafka.Options{Topics: []string{Topic, DLQTopic}, Partitions: partitions})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return b
+}
+
+func config() *sarama.Config {
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V3_6_0_0
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Producer.Idempotent = true
+	cfg.Net.MaxOpenRequests = 1
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	return cfg
+}
+
+// Client returns a sarama client of addr, closed when the test ends.
+func Client(t testing.TB, addr string) sarama.Client {
+	t.Helper()
+	c, err := sarama.NewClient([]string{addr}, config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Message is a record to produce to an explicit partition.
+type Message struct {
+	Partition int32
+	Key       []byte
+	Value     []byte
+	Headers   []sarama.RecordHeader
+}
+
+// Produce writes msgs to topic, each to its own partition, and waits for
+// the broker's acknowledgements.
+func Produce(t testing.TB, client sarama.Client, topic string, msgs ...Message) {
+	t.Helper()
+	p, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	pms := make([]*sarama.ProducerMessage, len(msgs))
+	for i, m := range msgs {
+		pm := &sarama.ProducerMessage{Topic: topic, Partition: m.Partition, Headers: m.Headers}
+		if m.Key != nil {
+			pm.Key = sarama.ByteEncoder(m.Key)
+		}
+		if m.Value != nil {
+			pm.Value = sarama.ByteEncoder(m.Value)
+		}
+		pms[i] = pm
+	}
+	if err := p.SendMessages(pms); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+// Offsets maps partition to offset.
+type Offsets map[int32]int64
+
+// EndOffsets returns every partition's high-water mark.
+func EndOffsets(t testing.TB, client sarama.Client, topic string) Offsets {
+	t.Helper()
+	if err := client.RefreshMetadata(topic); err != nil {
+		t.Fatal(err)
+	}
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := Offsets{}
+	for _, p := range parts {
+		o, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[p] = o
+	}
+	return out
+}
+
+// Committed returns group's committed offset of every partition of topic,
+// -1 where nothing is committed.
+func Committed(t testing.TB, client sarama.Client, group, topic string) Offsets {
+	t.Helper()
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not closed: closing the admin would close the shared client.
+	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := Offsets{}
+	for _, p := range parts {
+		out[p] = -1
+		if b := resp.GetBlock(topic, p); b != nil {
+			out[p] = b.Offset
+		}
+	}
+	return out
+}
+
+// WaitCaughtUp waits until group has committed every partition of topic up
+// to its end, and fails the test after timeout.
+func WaitCaughtUp(t testing.TB, client sarama.Client, group, topic string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		end := EndOffsets(t, client, topic)
+		committed := Committed(t, client, group, topic)
+		done := true
+		for p, e := range end {
+			if e > 0 && committed[p] != e {
+				done = false
+			}
+		}
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group %s did not catch up on %s within %s: end %v, committed %v", group, topic, timeout, end, committed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ReadAll reads every message of topic that exists now, from all partitions.
+func ReadAll(t testing.TB, client sarama.Client, topic string) []*sarama.ConsumerMessage {
+	t.Helper()
+	end := EndOffsets(t, client, topic)
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []*sarama.ConsumerMessage
+	for p, e := range end {
+		if e == 0 {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			select {
+			case m := <-pc.Messages():
+				out = append(out, m)
+				if m.Offset+1 < e {
+					continue
+				}
+			case <-ctx.Done():
+				pc.Close()
+				t.Fatalf("read %s/%d: timed out", topic, p)
+			}
+			break
+		}
+		pc.Close()
+	}
+	return out
+}
+
+// Header returns the value of header key of m, or "".
+func Header(m *sarama.ConsumerMessage, key string) string {
+	for _, h := range m.Headers {
+		if string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// ResetOffsets commits offset for every partition of topic on behalf of
+// group, as if the group's earlier commits had been lost. The group must
+// have no active member.
+func ResetOffsets(t testing.TB, client sarama.Client, group, topic string, offset int64) {
+	t.Helper()
+	om, err := sarama.NewOffsetManagerFromClient(group, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var poms []sarama.PartitionOffsetManager
+	for _, p := range parts {
+		pom, err := om.ManagePartition(topic, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pom.ResetOffset(offset, "")
+		poms = append(poms, pom)
+	}
+	om.Commit()
+	for _, pom := range poms {
+		if err := pom.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := om.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for p, o := range Committed(t, client, group, topic) {
+		if o != offset {
+			t.Fatalf("reset %s/%d to %d: committed is %d", topic, p, offset, o)
+		}
+	}
+}

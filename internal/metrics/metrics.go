@@ -1,0 +1,114 @@
+// Package metrics defines billing's Prometheus collectors in one place.
+//
+// Their names and labels are part of billing's interface contract: operators'
+// dashboards and alerts depend on them, so they live together here rather than
+// scattered through the packages that update them. Collectors are registered
+// into a caller-supplied registry, never the global one, so that every test and
+// every in-process service gets its own.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcome labels of billing_events_total. Every consumed message is counted
+// exactly once, under one of these, after its transaction committed or its
+// dead-letter write was acknowledged.
+const (
+	OutcomeCharged        = "charged"
+	OutcomeDuplicate      = "duplicate"
+	OutcomeAlreadyCharged = "already_charged"
+	OutcomeDeclined       = "declined"
+	OutcomeInvalid        = "invalid"
+)
+
+// Metrics holds every collector billing updates.
+type Metrics struct {
+	// Events counts finished messages by outcome (billing_events_total).
+	Events *prometheus.CounterVec
+	// DLQ counts messages parked in the dead-letter topic by reason code.
+	DLQ *prometheus.CounterVec
+	// Processing observes the time from taking a message off its partition
+	// to its commit (or dead-letter acknowledgement), retries included.
+	Processing prometheus.Histogram
+	// EndToEnd observes the time from the event's occurredAt to its commit:
+	// what a customer waits for, producer and queueing delay included.
+	EndToEnd prometheus.Histogram
+	// PaymentRequests counts provider calls by classified result.
+	PaymentRequests *prometheus.CounterVec
+	// PaymentSeconds observes provider call latency.
+	PaymentSeconds prometheus.Histogram
+	// Lag is the broker's high-water mark minus the group's committed offset
+	// for each partition this instance owns.
+	Lag *prometheus.GaugeVec
+	// Retries counts retried attempts by cause (database, payment, dlq).
+	Retries *prometheus.CounterVec
+	// Retrying is the number of messages currently waiting to be retried.
+	Retrying prometheus.Gauge
+	// Rebalances counts partitions assigned and revoked.
+	Rebalances *prometheus.CounterVec
+	// Batch observes how many events share one database transaction.
+	Batch prometheus.Histogram
+}
+
+// New creates billing's collectors and registers them with reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_events_total",
+			Help: "Consumed order.confirmed events by outcome, counted once each after commit or DLQ acknowledgement.",
+		}, []string{"outcome"}),
+		DLQ: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_dlq_messages_total",
+			Help: "Messages parked in the dead-letter topic, by reason code.",
+		}, []string{"reason"}),
+		Processing: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "billing_event_processing_seconds",
+			Help:    "Time from taking a message off its partition to its commit or DLQ acknowledgement, retries included.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}),
+		EndToEnd: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "billing_event_latency_seconds",
+			Help:    "Time from the event's occurredAt to its commit.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
+		}),
+		PaymentRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_payment_requests_total",
+			Help: "Payment provider requests by result.",
+		}, []string{"result"}),
+		PaymentSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "billing_payment_request_seconds",
+			Help:    "Payment provider request latency.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
+		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "billing_consumer_lag",
+			Help: "High-water mark minus committed offset, per owned partition.",
+		}, []string{"partition"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_retries_total",
+			Help: "Attempts that failed for a reason outside the event and will be retried, by cause.",
+		}, []string{"cause"}),
+		Retrying: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_messages_retrying",
+			Help: "Messages currently held for retry.",
+		}),
+		Rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_partitions_rebalanced_total",
+			Help: "Partitions assigned to or revoked from this instance.",
+		}, []string{"change"}),
+		Batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "billing_transaction_events",
+			Help:    "Events committed per database transaction.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
+	}
+	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
+		m.PaymentSeconds, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch)
+	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
+	// rate() works from the first event.
+	for _, o := range []string{OutcomeCharged, OutcomeDuplicate, OutcomeAlreadyCharged, OutcomeDeclined, OutcomeInvalid} {
+		m.Events.WithLabelValues(o)
+	}
+	return m
+}

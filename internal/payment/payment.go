@@ -1,0 +1,209 @@
+// Package payment is the HTTP client of the payment provider.
+//
+// Every charge carries Idempotency-Key: <eventId>. That is the second guard on
+// money: when the provider charged but its answer was lost (a reset
+// connection, a timeout), billing's transaction rolls back and the retry with
+// the same key is answered from the provider's idempotency store instead of
+// charging again.
+package payment
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"example.com/billing/internal/metrics"
+)
+
+// Request is one charge.
+type Request struct {
+	IdempotencyKey string // the event id
+	OrderID        int64
+	CustomerID     int64
+	Amount         int64 // minor units
+	Currency       string
+}
+
+// Charge is the provider's record of a succeeded charge.
+type Charge struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+}
+
+var (
+	// ErrDeclined: the provider refused the payment (402). A final business
+	// outcome: record it, do not retry.
+	ErrDeclined = errors.New("payment declined")
+	// ErrRejected: the provider refused the request itself (422: the key was
+	// reused with a different body; 400: malformed). Caused by the event, so
+	// retrying cannot help: the event goes to the dead-letter topic.
+	ErrRejected = errors.New("payment request rejected")
+)
+
+// TransientError is a failure of the environment (provider down, overloaded,
+// unreachable, misconfigured credentials): retry later with the same key.
+type TransientError struct {
+	Result     string        // the metric label, e.g. "server_error"
+	RetryAfter time.Duration // the provider's Retry-After, when it sent one
+	Err        error
+}
+
+func (e *TransientError) Error() string { return "payment provider: " + e.Err.Error() }
+func (e *TransientError) Unwrap() error { return e.Err }
+
+// Config configures a Client.
+type Config struct {
+	BaseURL string        // e.g. https://psp.example.com; /v1/charges is appended
+	APIKey  string        // sent as a bearer token; never logged
+	Timeout time.Duration // per request
+	// MaxConns bounds the connections to the provider. Size it to the number
+	// of charges in flight so that keep-alive connections are reused instead
+	// of a TLS handshake per charge.
+	MaxConns int
+}
+
+// Client calls the provider's charges API.
+type Client struct {
+	url     string
+	apiKey  string
+	timeout time.Duration
+	http    *http.Client
+	metrics *metrics.Metrics
+}
+
+// New returns a client for cfg.
+func New(cfg Config, m *metrics.Metrics) *Client {
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConns = cfg.MaxConns
+	transport.MaxIdleConnsPerHost = cfg.MaxConns
+	transport.MaxConnsPerHost = cfg.MaxConns
+	return &Client{
+		url:     strings.TrimRight(cfg.BaseURL, "/") + "/v1/charges",
+		apiKey:  cfg.APIKey,
+		timeout: cfg.Timeout,
+		http:    &http.Client{Transport: transport},
+		metrics: m,
+	}
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
+
+type chargeBody struct {
+	OrderID    int64  `json:"orderId"`
+	CustomerID int64  `json:"customerId"`
+	Amount     int64  `json:"amount"`
+	Currency   string `json:"currency"`
+}
+
+// maxAnswer bounds how much of an answer is read: a provider answer is small,
+// and a misbehaving one must not exhaust memory.
+const maxAnswer = 64 << 10
+
+// Charge asks the provider to charge r. It returns the charge, or an error
+// that wraps ErrDeclined, wraps ErrRejected, or is a *TransientError.
+func (c *Client) Charge(ctx context.Context, r Request) (Charge, error) {
+	started := time.Now()
+	ch, result, err := c.charge(ctx, r)
+	c.metrics.PaymentSeconds.Observe(time.Since(started).Seconds())
+	c.metrics.PaymentRequests.WithLabelValues(result).Inc()
+	return ch, err
+}
+
+func (c *Client) charge(ctx context.Context, r Request) (Charge, string, error) {
+	body, err := json.Marshal(chargeBody{OrderID: r.OrderID, CustomerID: r.CustomerID, Amount: r.Amount, Currency: r.Currency})
+	if err != nil {
+		return Charge{}, "bad_request", fmt.Errorf("%w: encode: %w", ErrRejected, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
+	if err != nil {
+		return Charge{}, "client_error", transient("client_error", 0, fmt.Errorf("build request: %w", err))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", r.IdempotencyKey)
+	if c.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	}
+
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return Charge{}, networkResult(err), transient(networkResult(err), 0, err)
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if err != nil {
+		return Charge{}, networkResult(err), transient(networkResult(err), 0, fmt.Errorf("read answer: %w", err))
+	}
+
+	switch code := resp.StatusCode; {
+	case code == http.StatusOK || code == http.StatusCreated:
+		var ch Charge
+		if err := json.Unmarshal(answer, &ch); err != nil || ch.ID == "" || ch.Status != "succeeded" {
+			// A success we cannot read is not a charge we can record;
+			// asking again with the same key gets the stored answer.
+			return Charge{}, "bad_response", transient("bad_response", 0, fmt.Errorf("unexpected answer %d %s", code, snippet(answer)))
+		}
+		return ch, "charged", nil
+	case code == http.StatusPaymentRequired:
+		return Charge{}, "declined", fmt.Errorf("%w: %s", ErrDeclined, snippet(answer))
+	case code == http.StatusUnprocessableEntity || code == http.StatusBadRequest:
+		return Charge{}, "rejected", fmt.Errorf("%w: %d %s", ErrRejected, code, snippet(answer))
+	case code == http.StatusConflict:
+		// The same key is still being processed by the provider (our
+		// previous attempt, whose answer we lost): ask again later.
+		return Charge{}, "conflict", transient("conflict", 0, fmt.Errorf("409 request in progress"))
+	case code == http.StatusTooManyRequests:
+		return Charge{}, "rate_limited", transient("rate_limited", retryAfter(resp), fmt.Errorf("429 rate limited"))
+	case code >= 500:
+		return Charge{}, "server_error", transient("server_error", retryAfter(resp), fmt.Errorf("%d %s", code, snippet(answer)))
+	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+		// Bad credentials are the environment's fault, not the event's:
+		// hold the partition until an operator fixes PAYMENT_API_KEY.
+		return Charge{}, "unauthorized", transient("unauthorized", 0, fmt.Errorf("%d check PAYMENT_API_KEY", code))
+	default:
+		return Charge{}, "client_error", transient("client_error", 0, fmt.Errorf("unexpected status %d %s", code, snippet(answer)))
+	}
+}
+
+func transient(result string, after time.Duration, err error) *TransientError {
+	return &TransientError{Result: result, RetryAfter: after, Err: err}
+}
+
+func networkResult(err error) string {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return "timeout"
+	}
+	return "connection_error"
+}
+
+// retryAfter reads a Retry-After given in seconds; the HTTP-date form is
+// ignored and the caller's own backoff applies.
+func retryAfter(resp *http.Response) time.Duration {
+	s, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || s <= 0 {
+		return 0
+	}
+	return min(time.Duration(s)*time.Second, 5*time.Minute)
+}
+
+// snippet keeps error texts short and single-line: they end up in logs and
+// dead-letter headers.
+func snippet(b []byte) string {
+	const limit = 200
+	s := strings.Join(strings.Fields(string(b)), " ")
+	if len(s) > limit {
+		s = s[:limit] + "…"
+	}
+	return s
+}

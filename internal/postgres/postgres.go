@@ -1,0 +1,123 @@
+// Package postgres connects billing to PostgreSQL: the connection pool, the
+// one transaction helper every write goes through, and schema migrations.
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"regexp"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"example.com/billing/db/migrations"
+)
+
+// Open validates dsn, opens a pool of at most maxConns connections and
+// returns it without waiting for the server: an unreachable database is an
+// outage to wait out, not a configuration error (see Ping).
+func Open(dsn string, maxConns int) (*sqlx.DB, error) {
+	connector, err := pq.NewConnector(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	db := sqlx.NewDb(sql.OpenDB(connector), "postgres")
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	// Recycle connections now and then so that a failover or a pgbouncer
+	// restart is picked up without an error burst.
+	db.SetConnMaxLifetime(30 * time.Minute)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	return db, nil
+}
+
+// IsConfigError reports whether err from the database means the settings are
+// wrong (bad password, unknown database or role, TLS required) rather than the
+// server being away for a while.
+func IsConfigError(err error) bool {
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) {
+		return false
+	}
+	switch pqErr.Code.Class() {
+	case "28": // invalid_authorization_specification, invalid_password
+		return true
+	}
+	return pqErr.Code == "3D000" // invalid_catalog_name: the database does not exist
+}
+
+// InTx runs fn inside a READ COMMITTED transaction and commits it.
+//
+// READ COMMITTED is what makes a racing duplicate wait on the first
+// transaction's primary key and then skip; under REPEATABLE READ it would
+// fail with a serialization error instead. It is set explicitly so that a
+// server-wide default_transaction_isolation cannot change it.
+//
+// The commit error is returned: a lost commit error would let the caller mark
+// an offset for a charge that was never recorded.
+func InTx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
+	tx, err := db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit; its error adds nothing to fn's
+
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// Migrate applies the embedded migrations that db has not seen yet.
+//
+// A PostgreSQL session advisory lock serializes concurrent runs (several pods
+// starting at once, a Job and a developer), so running it twice, or from two
+// processes at once, is safe.
+func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) error {
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return fmt.Errorf("migration lock: %w", err)
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
+		goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		return fmt.Errorf("load migrations: %w", err)
+	}
+	results, err := provider.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("apply migrations: %w", err)
+	}
+	for _, r := range results {
+		log.Info("migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
+	}
+	version, err := provider.GetDBVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("read schema version: %w", err)
+	}
+	log.Info("schema up to date", "version", version, "applied_now", len(results))
+	return nil
+}
+
+var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// Redact returns dsn with its password masked, for logs.
+func Redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		if q := u.Query(); q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.Redacted()
+	}
+	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
+}
