@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -71,12 +72,23 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 		return err
 	}
 
+	// --- Dedup retention: partitions ahead, expired ones dropped. One
+	// replica of many does the work (advisory lock); the others skip.
+	retention := dedup.NewRetention(db, cfg.Dedup.Retention, cfg.Dedup.PartitionsAhead, m, log)
+	if _, err := retention.Run(ctx); err != nil {
+		log.Warn("dedup maintenance failed at start; the consumer creates missing partitions itself", "err", err)
+	}
+	go retention.Every(ctx, cfg.Dedup.MaintenanceInterval)
+
 	// --- Kafka: the consumer's client and the dead-letter producer.
 	client, err := connectKafka(ctx, cfg.Kafka, log)
 	if err != nil || client == nil {
 		return err
 	}
 	defer client.Close()
+	if err := checkTopics(client, cfg, m, log); err != nil {
+		return err
+	}
 	producerCfg, err := kafka.ProducerConfig(cfg.Kafka)
 	if err != nil {
 		return err
@@ -96,7 +108,8 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 		MaxConns: cfg.Consumer.MaxInFlight,
 	}, m)
 	defer payer.Close()
-	proc := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, m, log)
+	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew}
+	proc := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, log)
 	c, err := kafka.NewConsumer(client, proc, dlq, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
 		Group:              cfg.Kafka.GroupID,
@@ -191,4 +204,52 @@ func connectKafka(ctx context.Context, k config.Kafka, log *slog.Logger) (sarama
 		case <-time.After(wait):
 		}
 	}
+}
+
+// checkTopics derives the dedup horizon from the broker instead of guessing
+// it: when the topic keeps messages longer than DEDUP_RETENTION remembers
+// them, a redelivery of an old message could no longer be recognised as a
+// duplicate (billing parks it as stale-event rather than charging it, but a
+// replay would then fill the DLQ). serve refuses to start unless the operator
+// accepts that with DEDUP_ALLOW_SHORT_RETENTION.
+func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log *slog.Logger) error {
+	// The admin shares the client; closing it would close the client.
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	src, err := kafka.DescribeTopic(admin, cfg.Kafka.Topic)
+	if err != nil {
+		log.Warn("cannot read the topic's retention; the dedup horizon is unchecked", "topic", cfg.Kafka.Topic, "err", err)
+		return nil
+	}
+	shortfall, forever := src.Shortfall(cfg.Dedup.Retention)
+	switch {
+	case forever:
+		m.DedupRetentionShortfall.Set(math.Inf(1))
+	default:
+		m.DedupRetentionShortfall.Set(shortfall.Seconds())
+	}
+	if forever || shortfall > 0 {
+		msg := fmt.Sprintf("DEDUP_RETENTION %s is shorter than topic %s's retention.ms (%s): a redelivered message older than %s cannot be deduplicated and would be parked as stale-event",
+			cfg.Dedup.Retention, cfg.Kafka.Topic, retentionText(src), cfg.Dedup.Retention)
+		if !cfg.Dedup.AllowShortRetention {
+			return fmt.Errorf("config: DEDUP_RETENTION: %s; raise it, or set DEDUP_ALLOW_SHORT_RETENTION=true to accept this", msg)
+		}
+		log.Error(msg + "; starting anyway because DEDUP_ALLOW_SHORT_RETENTION=true")
+	}
+	if dlq, err := kafka.DescribeTopic(admin, cfg.Kafka.DLQTopic); err != nil {
+		log.Warn("cannot read the dead-letter topic's settings", "topic", cfg.Kafka.DLQTopic, "err", err)
+	} else if dlq.MaxMessageBytes < src.MaxMessageBytes {
+		log.Warn("the dead-letter topic accepts smaller messages than the source topic; a large invalid message could not be parked and would hold its partition",
+			"dlq_max_message_bytes", dlq.MaxMessageBytes, "topic_max_message_bytes", src.MaxMessageBytes)
+	}
+	return nil
+}
+
+func retentionText(l kafka.TopicLimits) string {
+	if l.Forever {
+		return "forever"
+	}
+	return l.Retention.String()
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
@@ -89,19 +90,31 @@ type Payer interface {
 	Charge(ctx context.Context, r payment.Request) (payment.Charge, error)
 }
 
+// Horizon bounds the event ids the dedup store can judge.
+type Horizon struct {
+	// Retention is how long the dedup store remembers an event. An event
+	// id older than that may be a duplicate whose record was dropped: it is
+	// parked as stale-event, never charged blindly.
+	Retention time.Duration
+	// MaxFutureSkew is how far ahead of this clock an event id may be.
+	MaxFutureSkew time.Duration
+}
+
 // Processor turns Kafka message values into charges.
 type Processor struct {
 	db      *sqlx.DB
 	dedup   *dedup.Store
 	payer   Payer
+	horizon Horizon
 	metrics *metrics.Metrics
 	log     *slog.Logger
+	now     func() time.Time
 }
 
 // NewProcessor returns a Processor that records in db, deduplicates with
-// store and charges through payer.
-func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, m *metrics.Metrics, log *slog.Logger) *Processor {
-	return &Processor{db: db, dedup: store, payer: payer, metrics: m, log: log}
+// store, charges through payer and parks events outside horizon.
+func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, log *slog.Logger) *Processor {
+	return &Processor{db: db, dedup: store, payer: payer, horizon: horizon, metrics: m, log: log, now: time.Now}
 }
 
 // Process handles the values of consecutive messages of one lane, in order,
@@ -115,6 +128,7 @@ func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, m *metrics.Metri
 func (p *Processor) Process(ctx context.Context, values [][]byte) ([]Result, error) {
 	results := make([]Result, len(values))
 	valid := make([]int, 0, len(values))
+	now := p.now()
 	for i, v := range values {
 		ev, err := order.Parse(v)
 		if err != nil {
@@ -122,6 +136,10 @@ func (p *Processor) Process(ctx context.Context, values [][]byte) ([]Result, err
 			continue
 		}
 		results[i].Event = ev
+		if code, detail := p.judgeTime(ev, now); code != "" {
+			results[i].Outcome, results[i].Code, results[i].Detail = Parked, code, detail
+			continue
+		}
 		valid = append(valid, i)
 	}
 	if len(valid) == 0 {
@@ -129,6 +147,13 @@ func (p *Processor) Process(ctx context.Context, values [][]byte) ([]Result, err
 	}
 
 	err := p.settle(ctx, results, valid)
+	if dedup.IsMissingPartition(err) {
+		// Maintenance has not created this day's partition (yet): create it
+		// and try again at once rather than retry forever.
+		if err = p.ensurePartitions(ctx, results, valid); err == nil {
+			err = p.settle(ctx, results, valid)
+		}
+	}
 	if errors.Is(err, payment.ErrRejected) && len(valid) > 1 {
 		// The provider refused one request of the group: settle the events
 		// one by one so that only that one is parked.
@@ -145,6 +170,31 @@ func (p *Processor) Process(ctx context.Context, values [][]byte) ([]Result, err
 	return results, nil
 }
 
+// judgeTime parks an event whose id the dedup store cannot judge: older
+// than the retention (its record may have been dropped, so a duplicate would
+// be charged again), or further in the future than the clock skew allows.
+func (p *Processor) judgeTime(ev order.Event, now time.Time) (code, detail string) {
+	created := ev.IDTime()
+	if horizon := now.Add(-p.horizon.Retention); created.Before(horizon) {
+		return CodeStaleEvent, fmt.Sprintf("eventId time %s is older than the dedup retention %s (horizon %s); its record may be gone, so it is not charged blindly",
+			created.Format(time.RFC3339), p.horizon.Retention, horizon.Format(time.RFC3339))
+	}
+	if ahead := created.Sub(now); ahead > p.horizon.MaxFutureSkew {
+		return CodeInvalidEvent, fmt.Sprintf("eventId: time %s is %s ahead of this consumer's clock (more than the allowed skew %s)",
+			created.Format(time.RFC3339), ahead.Round(time.Second), p.horizon.MaxFutureSkew)
+	}
+	return "", ""
+}
+
+func (p *Processor) ensurePartitions(ctx context.Context, results []Result, idx []int) error {
+	ids := make([]uuid.UUID, len(idx))
+	for n, i := range idx {
+		ids[n] = results[i].Event.ID
+	}
+	p.log.Warn("processed_event has no partition for an event's day; creating it (is `billing maintain` running?)")
+	return dedup.EnsurePartitions(ctx, p.db, ids)
+}
+
 // settle runs the events results[idx] in one transaction and fills their
 // outcomes once it committed. A single event that the provider rejects is
 // Parked and ErrRejected returned.
@@ -154,9 +204,10 @@ func (p *Processor) settle(ctx context.Context, results []Result, idx []int) err
 		events[n] = results[i].Event
 	}
 	var outcomes []Outcome
+	var details []string
 	err := postgres.InTx(ctx, p.db, func(tx *sqlx.Tx) error {
 		var err error
-		outcomes, err = p.claimAndCharge(ctx, tx, events)
+		outcomes, details, err = p.claimAndCharge(ctx, tx, events)
 		return err
 	})
 	if err != nil {
@@ -169,42 +220,51 @@ func (p *Processor) settle(ctx context.Context, results []Result, idx []int) err
 	}
 	for n, i := range idx {
 		results[i].Outcome = outcomes[n]
+		if outcomes[n] == Parked {
+			results[i].Code, results[i].Detail = CodePayloadMismatch, details[n]
+		}
 	}
 	p.metrics.Batch.Observe(float64(len(idx)))
 	return nil
 }
 
 // claimAndCharge claims the events in the dedup store and charges those seen
-// for the first time, all inside tx.
-func (p *Processor) claimAndCharge(ctx context.Context, tx *sqlx.Tx, events []order.Event) ([]Outcome, error) {
-	ids := make([]uuid.UUID, len(events))
+// for the first time, all inside tx. An event whose id was processed with
+// another payload is Parked, with a detail for the dead-letter reason.
+func (p *Processor) claimAndCharge(ctx context.Context, tx *sqlx.Tx, events []order.Event) ([]Outcome, []string, error) {
+	entries := make([]dedup.Entry, len(events))
 	for i, ev := range events {
-		ids[i] = ev.ID
+		entries[i] = dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()}
 	}
-	verdicts, err := p.dedup.Claim(ctx, tx, ids)
+	verdicts, err := p.dedup.Claim(ctx, tx, entries)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	outcomes := make([]Outcome, len(events))
+	details := make([]string, len(events))
 	var fresh []order.Event
 	var freshAt []int
 	for i, v := range verdicts {
-		if v == dedup.Duplicate {
+		switch v {
+		case dedup.Duplicate:
 			outcomes[i] = Duplicate
-			continue
+		case dedup.Mismatch:
+			outcomes[i] = Parked
+			details[i] = fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip", events[i].ID, entries[i].Fingerprint[:8])
+		default:
+			fresh = append(fresh, events[i])
+			freshAt = append(freshAt, i)
 		}
-		fresh = append(fresh, events[i])
-		freshAt = append(freshAt, i)
 	}
 	if len(fresh) == 0 {
-		return outcomes, nil
+		return outcomes, details, nil
 	}
 	charged, err := ChargeOrders(ctx, tx, p.payer, fresh)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for n, i := range freshAt {
 		outcomes[i] = charged[n]
 	}
-	return outcomes, nil
+	return outcomes, details, nil
 }

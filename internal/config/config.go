@@ -86,12 +86,58 @@ type Serve struct {
 	Payment  Payment
 	Consumer Consumer
 
-	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
-	// DedupRetention is how long processed_event remembers an event. 720h is
+	Dedup Dedup
+
+	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8080"`
+	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
+}
+
+// Dedup holds the settings of the processed_event store's retention.
+type Dedup struct {
+	// Retention is how long processed_event remembers an event. 720h is
 	// advised for topics that are replayed from a DLQ.
-	DedupRetention           time.Duration `env:"DEDUP_RETENTION" envDefault:"168h"`
-	DedupAllowShortRetention bool          `env:"DEDUP_ALLOW_SHORT_RETENTION" envDefault:"false"`
-	LogLevel                 slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
+	Retention time.Duration `env:"DEDUP_RETENTION" envDefault:"168h"`
+	// AllowShortRetention starts serve even when Retention is shorter than
+	// what the broker can still redeliver.
+	AllowShortRetention bool `env:"DEDUP_ALLOW_SHORT_RETENTION" envDefault:"false"`
+	// PartitionsAhead is how many days of partitions exist ahead of today.
+	PartitionsAhead int `env:"DEDUP_PARTITIONS_AHEAD" envDefault:"3"`
+	// MaintenanceInterval is how often serve creates and drops partitions.
+	MaintenanceInterval time.Duration `env:"DEDUP_MAINTENANCE_INTERVAL" envDefault:"1h"`
+	// MaxFutureSkew bounds how far ahead of this clock an event id's time
+	// may be; beyond it the event is dead-lettered.
+	MaxFutureSkew time.Duration `env:"DEDUP_MAX_FUTURE_SKEW" envDefault:"1h"`
+}
+
+// Validate checks the retention settings.
+func (d *Dedup) Validate() error {
+	if d.Retention < 24*time.Hour {
+		return bad("DEDUP_RETENTION", "%s is shorter than 24h (partitions are daily)", d.Retention)
+	}
+	if d.PartitionsAhead < 1 || d.PartitionsAhead > 60 {
+		return bad("DEDUP_PARTITIONS_AHEAD", "%d is outside 1..60", d.PartitionsAhead)
+	}
+	if d.MaintenanceInterval < time.Minute || d.MaintenanceInterval > 24*time.Hour {
+		return bad("DEDUP_MAINTENANCE_INTERVAL", "%s is outside [1m, 24h]", d.MaintenanceInterval)
+	}
+	if d.MaxFutureSkew < time.Second || d.MaxFutureSkew > 24*time.Hour {
+		return bad("DEDUP_MAX_FUTURE_SKEW", "%s is outside [1s, 24h]", d.MaxFutureSkew)
+	}
+	return nil
+}
+
+// Maintain is the configuration of `billing maintain`.
+type Maintain struct {
+	Database Database
+	Dedup    Dedup
+}
+
+// Validate checks every setting of maintain.
+func (m *Maintain) Validate() error {
+	if err := m.Database.Validate(); err != nil {
+		return err
+	}
+	return m.Dedup.Validate()
 }
 
 // Validator is a configuration that can check its own values.
@@ -187,8 +233,12 @@ var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 
 // Validate checks the Kafka settings.
 func (k *Kafka) Validate() error {
-	for _, b := range k.Brokers {
-		host, port, err := net.SplitHostPort(strings.TrimSpace(b))
+	for i, b := range k.Brokers {
+		// "kafka-0:9092, kafka-1:9092" is a natural way to write the list,
+		// and sarama dials each address as given: " kafka-1" never resolves.
+		b = strings.TrimSpace(b)
+		k.Brokers[i] = b
+		host, port, err := net.SplitHostPort(b)
 		if err != nil || host == "" {
 			return bad("KAFKA_BROKERS", "%q is not host:port", b)
 		}
@@ -288,7 +338,9 @@ func (d Database) LogValue() slog.Value {
 func (p *Payment) Validate() error {
 	u, err := url.Parse(p.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return bad("PAYMENT_BASE_URL", "%q is not an http(s) URL", p.BaseURL)
+		// An operator who put credentials in the URL must not find them
+		// in the log.
+		return bad("PAYMENT_BASE_URL", "%q is not an http(s) URL", postgres.Redact(p.BaseURL))
 	}
 	if u.User != nil {
 		return bad("PAYMENT_BASE_URL", "must not carry credentials; use PAYMENT_API_KEY")
@@ -327,16 +379,13 @@ func (c *Consumer) Validate() error {
 
 // Validate checks every setting of serve.
 func (s *Serve) Validate() error {
-	for _, v := range []Validator{&s.Kafka, &s.Database, &s.Payment, &s.Consumer} {
+	for _, v := range []Validator{&s.Kafka, &s.Database, &s.Payment, &s.Consumer, &s.Dedup} {
 		if err := v.Validate(); err != nil {
 			return err
 		}
 	}
 	if _, _, err := net.SplitHostPort(s.HTTPAddr); err != nil {
 		return bad("HTTP_ADDR", "%q is not [host]:port", s.HTTPAddr)
-	}
-	if s.DedupRetention < time.Hour {
-		return bad("DEDUP_RETENTION", "%s is shorter than 1h", s.DedupRetention)
 	}
 	if s.Consumer.MaxInFlight == 0 {
 		s.Consumer.MaxInFlight = s.Database.MaxConns * s.Consumer.BatchMax
@@ -352,8 +401,7 @@ func (s Serve) LogValue() slog.Value {
 		slog.Any("payment", s.Payment),
 		slog.Any("consumer", s.Consumer),
 		slog.String("http_addr", s.HTTPAddr),
-		slog.Duration("dedup_retention", s.DedupRetention),
-		slog.Bool("dedup_allow_short_retention", s.DedupAllowShortRetention),
+		slog.Any("dedup", s.Dedup),
 		slog.String("log_level", s.LogLevel.String()),
 	)
 }

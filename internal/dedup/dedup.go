@@ -4,11 +4,20 @@
 // Kafka delivers at least once, so the same event can arrive again after a
 // crash, a rebalance or a DLQ replay. An offset is never the dedup key: it
 // depends on the consumer group and changes on replay. The event id is.
+//
+// The table is range-partitioned by the time inside the UUID v7 event id
+// (one partition per UTC day, see Retention), so that every copy of an event
+// lands in the same partition however late it comes, and expired days are
+// dropped whole.
 package dedup
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
@@ -24,6 +33,10 @@ const (
 	First Verdict = iota
 	// Duplicate: the group already finished this event; do nothing.
 	Duplicate
+	// Mismatch: the group already finished an event with this id but a
+	// different payload. Not a duplicate to skip silently: a producer bug or
+	// tampering, for a human to look at.
+	Mismatch
 )
 
 func (v Verdict) String() string {
@@ -32,8 +45,17 @@ func (v Verdict) String() string {
 		return "first"
 	case Duplicate:
 		return "duplicate"
+	case Mismatch:
+		return "mismatch"
 	}
 	return fmt.Sprintf("Verdict(%d)", int(v))
+}
+
+// Entry is one event to claim.
+type Entry struct {
+	ID uuid.UUID
+	// Fingerprint is a hash of the event's canonical content.
+	Fingerprint [32]byte
 }
 
 // Store claims events for one consumer group.
@@ -46,50 +68,158 @@ func NewStore(group string) *Store {
 	return &Store{group: group}
 }
 
-// Claim records ids as processed inside tx and returns a verdict for each,
-// in order. An id that appears twice in ids is First once and then Duplicate.
+// Claim records entries as processed inside tx and returns a verdict for
+// each, in order. An id that appears twice in entries is First once, then
+// Duplicate or Mismatch.
 //
 // The insert uses ON CONFLICT DO NOTHING on the primary key and RETURNING to
-// learn which rows it really inserted (rows affected, not what was sent: the
-// seed's TypeORM check looked at the ids it sent and never saw a duplicate).
+// learn which rows it really inserted (rows inserted, not rows sent: the
+// seed's TypeORM check looked at what it sent and never saw a duplicate).
 // Under READ COMMITTED a concurrent transaction inserting the same id makes
-// this statement wait for it, then see the conflict.
-func (s *Store) Claim(ctx context.Context, tx *sqlx.Tx, ids []uuid.UUID) ([]Verdict, error) {
+// this statement wait for it and then see the conflict.
+func (s *Store) Claim(ctx context.Context, tx *sqlx.Tx, entries []Entry) ([]Verdict, error) {
 	const q = `
-INSERT INTO processed_event (event_id, consumer_group)
-SELECT id, $2 FROM unnest($1::uuid[]) AS id
+INSERT INTO processed_event (event_id, consumer_group, fingerprint)
+SELECT id, $3, fp FROM unnest($1::uuid[], $2::bytea[]) AS e(id, fp)
 ON CONFLICT DO NOTHING
 RETURNING event_id`
 
+	ids := make(pq.StringArray, len(entries))
+	fps := make(pq.ByteaArray, len(entries))
+	for i, e := range entries {
+		ids[i] = e.ID.String()
+		fps[i] = e.Fingerprint[:]
+	}
+	inserted, err := queryIDs(ctx, tx, q, ids, fps, s.group)
+	if err != nil {
+		return nil, fmt.Errorf("insert processed_event: %w", err)
+	}
+
+	verdicts := make([]Verdict, len(entries))
+	seen := make(map[uuid.UUID][32]byte, len(entries))
+	var earlier []uuid.UUID
+	for i, e := range entries {
+		if fp, ok := seen[e.ID]; ok { // a second copy in this batch
+			verdicts[i] = judge(fp[:], e.Fingerprint)
+			continue
+		}
+		seen[e.ID] = e.Fingerprint
+		if !inserted[e.ID] {
+			earlier = append(earlier, e.ID)
+			verdicts[i] = Duplicate // refined below
+		}
+	}
+	if len(earlier) == 0 {
+		return verdicts, nil
+	}
+
+	// A separate statement: under READ COMMITTED it sees the row of a
+	// transaction that committed while the insert waited on it.
+	recorded, err := s.fingerprints(ctx, tx, earlier)
+	if err != nil {
+		return nil, err
+	}
+	claimed := make(map[uuid.UUID]bool, len(entries))
+	for i, e := range entries {
+		if claimed[e.ID] || inserted[e.ID] {
+			claimed[e.ID] = true
+			continue
+		}
+		claimed[e.ID] = true
+		verdicts[i] = judge(recorded[e.ID], e.Fingerprint)
+	}
+	return verdicts, nil
+}
+
+// judge compares a recorded fingerprint with an arriving one. A row recorded
+// before fingerprints existed has none and cannot be judged: a duplicate.
+func judge(recorded []byte, arriving [32]byte) Verdict {
+	if recorded == nil || bytes.Equal(recorded, arriving[:]) {
+		return Duplicate
+	}
+	return Mismatch
+}
+
+func (s *Store) fingerprints(ctx context.Context, tx *sqlx.Tx, ids []uuid.UUID) (map[uuid.UUID][]byte, error) {
+	const q = `
+SELECT event_id, fingerprint FROM processed_event
+WHERE event_id = ANY($1::uuid[]) AND consumer_group = $2`
 	texts := make(pq.StringArray, len(ids))
 	for i, id := range ids {
 		texts[i] = id.String()
 	}
 	rows, err := tx.QueryContext(ctx, q, texts, s.group)
 	if err != nil {
-		return nil, fmt.Errorf("insert processed_event: %w", err)
+		return nil, fmt.Errorf("select processed_event: %w", err)
 	}
 	defer rows.Close()
-	inserted := make(map[uuid.UUID]bool, len(ids))
+	out := make(map[uuid.UUID][]byte, len(ids))
+	for rows.Next() {
+		var id uuid.UUID
+		var fp []byte
+		if err := rows.Scan(&id, &fp); err != nil {
+			return nil, fmt.Errorf("scan processed_event: %w", err)
+		}
+		out[id] = fp
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("select processed_event: %w", err)
+	}
+	return out, nil
+}
+
+func queryIDs(ctx context.Context, tx *sqlx.Tx, q string, args ...any) (map[uuid.UUID]bool, error) {
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[uuid.UUID]bool)
 	for rows.Next() {
 		var id uuid.UUID
 		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("scan processed_event: %w", err)
+			return nil, err
 		}
-		inserted[id] = true
+		out[id] = true
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("insert processed_event: %w", err)
-	}
+	return out, rows.Err()
+}
 
-	verdicts := make([]Verdict, len(ids))
-	for i, id := range ids {
-		if inserted[id] {
-			verdicts[i] = First
-			delete(inserted, id) // a second copy in the same batch is a duplicate
-		} else {
-			verdicts[i] = Duplicate
+// IsMissingPartition reports whether err is an insert whose event id falls
+// on a day that has no partition (yet).
+func IsMissingPartition(err error) bool {
+	var pqErr *pq.Error
+	// A check_violation: `no partition of relation "processed_event" found for row`.
+	return errors.As(err, &pqErr) && pqErr.Code == "23514" && strings.HasPrefix(pqErr.Message, `no partition of relation "processed_event"`)
+}
+
+// EnsurePartitions creates the partitions of the days of ids that lack one.
+// The consumer calls it when an insert found no partition (maintenance did
+// not run, or an event older than the oldest partition but within the
+// retention arrived), so that such an event is not retried forever.
+func EnsurePartitions(ctx context.Context, db sqlx.ExecerContext, ids []uuid.UUID) error {
+	days := map[time.Time]bool{}
+	for _, id := range ids {
+		days[Day(id)] = true
+	}
+	for d := range days {
+		if _, err := db.ExecContext(ctx, `SELECT ensure_processed_event_partition($1::date)`, d.Format(time.DateOnly)); err != nil {
+			return fmt.Errorf("create partition of %s: %w", d.Format(time.DateOnly), err)
 		}
 	}
-	return verdicts, nil
+	return nil
+}
+
+// Day is the UTC day of id's partition: the day of the time inside the
+// UUID v7 (the zero time for an id of another version).
+func Day(id uuid.UUID) time.Time {
+	ts, err := uuid.TimestampFromV7(id)
+	if err != nil {
+		return time.Time{}
+	}
+	t, err := ts.Time()
+	if err != nil {
+		return time.Time{}
+	}
+	return t.UTC().Truncate(24 * time.Hour)
 }

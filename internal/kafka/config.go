@@ -101,7 +101,12 @@ func ProducerConfig(k config.Kafka) (*sarama.Config, error) {
 	cfg.Producer.Return.Errors = true
 	cfg.Producer.Retry.Max = 10
 	cfg.Producer.Retry.Backoff = 250 * time.Millisecond
+	// The dead-letter producer must be able to park any message the source
+	// topic accepted, or that partition would stall: compress, and leave
+	// the size limit to the broker (sarama's own default of 1,000,000 bytes
+	// is below Kafka's default max.message.bytes).
 	cfg.Producer.Compression = sarama.CompressionZSTD
+	cfg.Producer.MaxMessageBytes = 16 << 20
 	cfg.Producer.Partitioner = sarama.NewHashPartitioner
 	return cfg, nil
 }

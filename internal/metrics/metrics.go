@@ -49,6 +49,16 @@ type Metrics struct {
 	Rebalances *prometheus.CounterVec
 	// Batch observes how many events share one database transaction.
 	Batch prometheus.Histogram
+
+	// DedupPartitions is the number of processed_event partitions.
+	DedupPartitions prometheus.Gauge
+	// DedupOldestPartitionAge is the age of the oldest partition's day.
+	DedupOldestPartitionAge prometheus.Gauge
+	// DedupPartitionsDropped counts partitions dropped by retention.
+	DedupPartitionsDropped prometheus.Counter
+	// DedupRetentionShortfall is how much longer the broker can redeliver
+	// an event than the dedup store remembers it (0 when it cannot).
+	DedupRetentionShortfall prometheus.Gauge
 }
 
 // New creates billing's collectors and registers them with reg.
@@ -102,9 +112,26 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Events committed per database transaction.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
+		DedupPartitions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_dedup_partitions",
+			Help: "Daily partitions of processed_event present.",
+		}),
+		DedupOldestPartitionAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_dedup_oldest_partition_age_seconds",
+			Help: "Age of the oldest processed_event partition's day.",
+		}),
+		DedupPartitionsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_dedup_partitions_dropped_total",
+			Help: "processed_event partitions dropped by retention.",
+		}),
+		DedupRetentionShortfall: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_dedup_retention_shortfall_seconds",
+			Help: "How much longer the topic keeps messages than DEDUP_RETENTION remembers them (+Inf: the topic keeps them forever); 0 is safe.",
+		}),
 	}
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
-		m.PaymentSeconds, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch)
+		m.PaymentSeconds, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch,
+		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.
 	for _, o := range []string{OutcomeCharged, OutcomeDuplicate, OutcomeAlreadyCharged, OutcomeDeclined, OutcomeInvalid} {

@@ -1,0 +1,342 @@
+package billing_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"example.com/billing/internal/billing"
+	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/order"
+	"example.com/billing/internal/payment"
+)
+
+// fixture is a Processor on a real database of its own and a fake provider
+// reached over HTTP.
+type fixture struct {
+	db   *sqlx.DB
+	psp  *fakepsp.Server
+	proc *billing.Processor
+}
+
+func newFixture(t *testing.T, opts fakepsp.Options) *fixture {
+	t.Helper()
+	db, _ := dbtest.New(t)
+	psp := fakepsp.New(opts)
+	srv := httptest.NewServer(psp)
+	t.Cleanup(srv.Close)
+	m := metrics.New(prometheus.NewRegistry())
+	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConns: 64}, m)
+	t.Cleanup(payer.Close)
+	horizon := billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return &fixture{db: db, psp: psp, proc: billing.NewProcessor(db, dedup.NewStore("test-group"), payer, horizon, m, log)}
+}
+
+func (f *fixture) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := f.db.Get(&n, q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+func newEvent(t *testing.T, orderID int64, at time.Time) (order.Event, []byte) {
+	t.Helper()
+	ev, err := order.New(orderID, 7, order.Money{Minor: 1999, Currency: "EUR"}, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev, marshal(t, ev)
+}
+
+func marshal(t *testing.T, ev order.Event) []byte {
+	t.Helper()
+	b, err := ev.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func process(t *testing.T, p *billing.Processor, values ...[]byte) []billing.Result {
+	t.Helper()
+	res, err := p.Process(context.Background(), values)
+	if err != nil {
+		t.Fatalf("Process: %v", err)
+	}
+	return res
+}
+
+func TestProcess_SameEventRacingFromManyConsumersIsChargedOnce(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{Latency: 50 * time.Millisecond})
+	ev, value := newEvent(t, 1, time.Now())
+
+	const racers = 12
+	outcomes := make([]billing.Outcome, racers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range racers {
+		wg.Go(func() {
+			<-start
+			res, err := f.proc.Process(context.Background(), [][]byte{value})
+			if err != nil {
+				t.Errorf("racer %d: %v", i, err)
+				return
+			}
+			outcomes[i] = res[0].Outcome
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	charged := 0
+	for _, o := range outcomes {
+		switch o {
+		case billing.Charged:
+			charged++
+		case billing.Duplicate:
+		default:
+			t.Errorf("outcome %v, want charged or duplicate", o)
+		}
+	}
+	if charged != 1 {
+		t.Errorf("%d racers charged, want 1", charged)
+	}
+	if got := f.count(t, `SELECT count(*) FROM charge WHERE event_id = $1`, ev.ID); got != 1 {
+		t.Errorf("charge rows = %d, want 1", got)
+	}
+	if st := f.psp.Stats(); st.Requests != 1 {
+		t.Errorf("provider requests = %d, want 1: duplicates reached the provider", st.Requests)
+	}
+}
+
+func TestProcess_DifferentEventsForOneOrderRacingChargeItOnce(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{Latency: 50 * time.Millisecond})
+	const racers = 8
+	values := make([][]byte, racers)
+	for i := range values {
+		_, values[i] = newEvent(t, 77, time.Now())
+	}
+	outcomes := make([]billing.Outcome, racers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range racers {
+		wg.Go(func() {
+			<-start
+			res, err := f.proc.Process(context.Background(), values[i:i+1])
+			if err != nil {
+				t.Errorf("racer %d: %v", i, err)
+				return
+			}
+			outcomes[i] = res[0].Outcome
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	counts := map[billing.Outcome]int{}
+	for _, o := range outcomes {
+		counts[o]++
+	}
+	if counts[billing.Charged] != 1 || counts[billing.AlreadyCharged] != racers-1 {
+		t.Errorf("outcomes %v, want 1 charged and %d already_charged", counts, racers-1)
+	}
+	if st := f.psp.Stats(); st.ChargesCreated != 1 || st.OrdersChargedTwice != 0 {
+		t.Errorf("provider stats %+v, want one charge", st)
+	}
+	if got := f.count(t, `SELECT count(*) FROM processed_event`); got != racers {
+		t.Errorf("processed events = %d, want %d (already_charged is recorded as processed)", got, racers)
+	}
+}
+
+func TestProcess_BatchSettlesEachEventInOrder(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{DeclineEvery: 5})
+	first, a := newEvent(t, 11, time.Now())
+	_, b := newEvent(t, 11, time.Now()) // same order: a business duplicate of a
+	_, declined := newEvent(t, 15, time.Now())
+	res := process(t, f.proc, a, []byte("not json"), a, b, declined)
+
+	want := []billing.Outcome{billing.Charged, billing.Parked, billing.Duplicate, billing.AlreadyCharged, billing.Declined}
+	for i, r := range res {
+		if r.Outcome != want[i] {
+			t.Errorf("result %d: %v, want %v", i, r.Outcome, want[i])
+		}
+	}
+	if res[1].Code != billing.CodeInvalidEvent {
+		t.Errorf("bad JSON parked with %q", res[1].Code)
+	}
+	if res[0].Event.ID != first.ID {
+		t.Errorf("result carries event %s, want %s", res[0].Event.ID, first.ID)
+	}
+	if got := f.count(t, `SELECT count(*) FROM charge`); got != 2 {
+		t.Errorf("charge rows = %d, want 2 (one succeeded, one declined)", got)
+	}
+}
+
+func TestProcess_ProviderRejectionInABatchParksOnlyThatEvent(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	rejected, r := newEvent(t, 1, time.Now())
+	_, ok1 := newEvent(t, 2, time.Now())
+	_, ok2 := newEvent(t, 3, time.Now())
+	// The provider holds rejected's key for another amount: it answers 422.
+	other := rejected
+	other.Amount.Minor++
+	seedProviderKey(t, f, other)
+
+	res := process(t, f.proc, ok1, r, ok2)
+	if res[0].Outcome != billing.Charged || res[2].Outcome != billing.Charged {
+		t.Errorf("neighbours of a rejected event: %v, %v; want charged", res[0].Outcome, res[2].Outcome)
+	}
+	if res[1].Outcome != billing.Parked || res[1].Code != billing.CodeProviderRejected {
+		t.Errorf("rejected event: %v %q, want parked provider-rejected", res[1].Outcome, res[1].Code)
+	}
+	if got := f.count(t, `SELECT count(*) FROM processed_event WHERE event_id = $1`, rejected.ID); got != 0 {
+		t.Errorf("a rejected event is recorded as processed")
+	}
+}
+
+func TestProcess_OutageLeavesEventsPendingAndUnrecorded(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{FailRate: 1})
+	_, a := newEvent(t, 1, time.Now())
+	_, b := newEvent(t, 2, time.Now())
+	res, err := f.proc.Process(context.Background(), [][]byte{a, []byte("{"), b})
+	var te *payment.TransientError
+	if !errors.As(err, &te) {
+		t.Fatalf("err = %v, want a *payment.TransientError", err)
+	}
+	if res[0].Outcome != billing.Pending || res[2].Outcome != billing.Pending {
+		t.Errorf("outcomes %v %v, want pending", res[0].Outcome, res[2].Outcome)
+	}
+	if res[1].Outcome != billing.Parked {
+		t.Errorf("an invalid event waits for an outage: %v", res[1].Outcome)
+	}
+	if got := f.count(t, `SELECT count(*) FROM processed_event`); got != 0 {
+		t.Errorf("processed rows = %d after a failed transaction", got)
+	}
+
+	f.psp.SetOptions(fakepsp.Options{})
+	res = process(t, f.proc, a, b)
+	if res[0].Outcome != billing.Charged || res[1].Outcome != billing.Charged {
+		t.Errorf("after the outage: %v %v", res[0].Outcome, res[1].Outcome)
+	}
+}
+
+func TestProcess_DatabaseDownIsPendingNotParked(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	_, a := newEvent(t, 1, time.Now())
+	f.db.Close()
+	res, err := f.proc.Process(context.Background(), [][]byte{a})
+	if err == nil || res[0].Outcome != billing.Pending {
+		t.Fatalf("Process on a closed database = %v, %v; want pending and an error", res[0].Outcome, err)
+	}
+}
+
+func TestProcess_EventsOutsideTheDedupHorizonAreParked(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	cases := []struct {
+		name     string
+		at       time.Time
+		wantCode string
+	}{
+		{"ErrStale_OlderThanRetention", time.Now().Add(-8 * 24 * time.Hour), billing.CodeStaleEvent},
+		{"ErrFuture_BeyondSkew", time.Now().Add(3 * time.Hour), billing.CodeInvalidEvent},
+		{"OK_JustInsideRetention", time.Now().Add(-6 * 24 * time.Hour), ""},
+		{"OK_WithinSkew", time.Now().Add(30 * time.Minute), ""},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			id, err := order.NewIDAt(c.at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev, _ := newEvent(t, int64(100+i), time.Now())
+			ev.ID = id
+			before := f.psp.Stats().Requests
+			res := process(t, f.proc, marshal(t, ev))
+			if c.wantCode == "" {
+				if res[0].Outcome != billing.Charged {
+					t.Fatalf("outcome %v %q, want charged", res[0].Outcome, res[0].Reason())
+				}
+				return
+			}
+			if res[0].Outcome != billing.Parked || res[0].Code != c.wantCode {
+				t.Fatalf("outcome %v %q, want parked %s", res[0].Outcome, res[0].Code, c.wantCode)
+			}
+			if f.psp.Stats().Requests != before {
+				t.Errorf("a parked event reached the provider")
+			}
+		})
+	}
+}
+
+func TestProcess_SameIDWithAnotherPayloadIsParkedUncharged(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	ev, value := newEvent(t, 5, time.Now())
+	process(t, f.proc, value)
+
+	tampered := ev
+	tampered.Amount.Minor = 1
+	before := f.psp.Stats().Requests
+	res := process(t, f.proc, marshal(t, tampered))
+	if res[0].Outcome != billing.Parked || res[0].Code != billing.CodePayloadMismatch {
+		t.Fatalf("outcome %v %q, want parked payload-mismatch", res[0].Outcome, res[0].Code)
+	}
+	if !strings.Contains(res[0].Detail, ev.ID.String()) {
+		t.Errorf("detail %q does not name the event id", res[0].Detail)
+	}
+	if f.psp.Stats().Requests != before {
+		t.Errorf("a tampered event reached the provider")
+	}
+	// The same bytes again are still a plain duplicate.
+	if res := process(t, f.proc, value); res[0].Outcome != billing.Duplicate {
+		t.Errorf("exact redelivery: %v, want duplicate", res[0].Outcome)
+	}
+}
+
+func TestProcess_EventOfADayWithoutPartitionIsStillProcessed(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	id, err := order.NewIDAt(time.Now().Add(-5 * 24 * time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	day := dedup.Day(id).Format("20060102")
+	// As if maintenance had never created that day's partition.
+	if _, err := f.db.Exec(`DROP TABLE processed_event_p` + day); err != nil {
+		t.Fatal(err)
+	}
+	ev, _ := newEvent(t, 9, time.Now())
+	ev.ID = id
+	res := process(t, f.proc, marshal(t, ev))
+	if res[0].Outcome != billing.Charged {
+		t.Fatalf("outcome %v, want charged after the partition is created", res[0].Outcome)
+	}
+}
+
+func seedProviderKey(t *testing.T, f *fixture, ev order.Event) {
+	t.Helper()
+	// Charge ev's key at the provider with ev's (altered) body, directly.
+	srv := httptest.NewServer(f.psp)
+	defer srv.Close()
+	c := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConns: 1}, metrics.New(prometheus.NewRegistry()))
+	defer c.Close()
+	if _, err := c.Charge(context.Background(), payment.Request{
+		IdempotencyKey: ev.ID.String(), OrderID: ev.OrderID, CustomerID: ev.CustomerID,
+		Amount: ev.Amount.Minor, Currency: ev.Amount.Currency,
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
