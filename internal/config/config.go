@@ -26,10 +26,10 @@ import (
 // Kafka holds the broker connection and topic settings.
 type Kafka struct {
 	Brokers    []string `env:"KAFKA_BROKERS" envDefault:"localhost:9092" envSeparator:"," notEmpty:"true"`
-	Topic      string   `env:"KAFKA_TOPIC" envDefault:"orders.confirmed"`
-	GroupID    string   `env:"KAFKA_GROUP_ID" envDefault:"billing-order-confirmed"`
-	DLQTopic   string   `env:"KAFKA_DLQ_TOPIC" envDefault:"orders.confirmed.dlq"`
-	ClientID   string   `env:"KAFKA_CLIENT_ID" envDefault:"billing"`
+	Topic      string   `env:"KAFKA_TOPIC" envDefault:"orders.confirmed" notEmpty:"true"`
+	GroupID    string   `env:"KAFKA_GROUP_ID" envDefault:"billing-order-confirmed" notEmpty:"true"`
+	DLQTopic   string   `env:"KAFKA_DLQ_TOPIC" envDefault:"orders.confirmed.dlq" notEmpty:"true"`
+	ClientID   string   `env:"KAFKA_CLIENT_ID" envDefault:"billing" notEmpty:"true"`
 	InstanceID string   `env:"KAFKA_INSTANCE_ID"` // static group membership, e.g. the pod name
 	Version    string   `env:"KAFKA_VERSION" envDefault:"3.6.0"`
 

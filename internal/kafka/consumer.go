@@ -171,7 +171,9 @@ type partition struct {
 	id    int32
 
 	tracker tracker
-	lanes   []chan *sarama.ConsumerMessage
+	lanes   []chan *message
+	// room is signalled when a lane takes messages off its queue.
+	room chan struct{}
 	// stopped is closed when the claim ends: no new attempt starts, no retry
 	// waits any longer, queued messages are abandoned.
 	stopped chan struct{}
@@ -189,7 +191,8 @@ func (c *Consumer) newPartition(sess sarama.ConsumerGroupSession, claim sarama.C
 		sess:       sess,
 		topic:      claim.Topic(),
 		id:         claim.Partition(),
-		lanes:      make([]chan *sarama.ConsumerMessage, c.opts.Lanes),
+		lanes:      make([]chan *message, c.opts.Lanes),
+		room:       make(chan struct{}, 1),
 		stopped:    make(chan struct{}),
 		work:       work,
 		cancelWork: cancel,
@@ -197,7 +200,7 @@ func (c *Consumer) newPartition(sess sarama.ConsumerGroupSession, claim sarama.C
 	for i := range p.lanes {
 		// A short queue per lane: enough to fill a batch, small enough that
 		// one slow key does not hoard the in-flight budget.
-		p.lanes[i] = make(chan *sarama.ConsumerMessage, c.opts.BatchMax)
+		p.lanes[i] = make(chan *message, c.opts.BatchMax)
 	}
 	return p
 }
@@ -226,35 +229,6 @@ func (p *partition) run(messages <-chan *sarama.ConsumerMessage) {
 	p.cancelWork()
 }
 
-// dispatch hands messages to lanes until the claim ends.
-func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
-	done := p.sess.Context().Done()
-	for {
-		var m *sarama.ConsumerMessage
-		select {
-		case msg, ok := <-messages:
-			if !ok {
-				return
-			}
-			m = msg
-		case <-done:
-			return
-		}
-		select {
-		case p.c.tokens <- struct{}{}:
-		case <-done:
-			return
-		}
-		p.tracker.add(m.Offset)
-		select {
-		case p.lanes[laneOf(m.Key, len(p.lanes))] <- m:
-		case <-done:
-			<-p.c.tokens
-			return
-		}
-	}
-}
-
 // laneOf maps a key to a lane: one key, one lane, so one key's messages are
 // handled in offset order.
 func laneOf(key []byte, lanes int) int {
@@ -263,8 +237,8 @@ func laneOf(key []byte, lanes int) int {
 	return int(h.Sum32() % uint32(lanes))
 }
 
-func (p *partition) runLane(lane <-chan *sarama.ConsumerMessage) {
-	batch := make([]*sarama.ConsumerMessage, 0, p.c.opts.BatchMax)
+func (p *partition) runLane(lane <-chan *message) {
+	batch := make([]*message, 0, p.c.opts.BatchMax)
 	for m := range lane {
 		batch = append(batch[:0], m)
 	fill:
@@ -278,6 +252,10 @@ func (p *partition) runLane(lane <-chan *sarama.ConsumerMessage) {
 			default:
 				break fill
 			}
+		}
+		select { // the dispatcher may be waiting for room in this lane
+		case p.room <- struct{}{}:
+		default:
 		}
 		p.handle(batch)
 	}
@@ -295,8 +273,7 @@ func (p *partition) isStopped() bool {
 // handle settles a batch, retrying what failed for reasons outside the
 // events with exponential backoff and jitter, until it is finished or the
 // claim ends.
-func (p *partition) handle(batch []*sarama.ConsumerMessage) {
-	started := time.Now()
+func (p *partition) handle(batch []*message) {
 	pending := batch
 	var retry *backoff.ExponentialBackOff
 	for attempt := 1; ; attempt++ {
@@ -306,12 +283,12 @@ func (p *partition) handle(batch []*sarama.ConsumerMessage) {
 		}
 		values := make([][]byte, len(pending))
 		for i, m := range pending {
-			values[i] = m.Value
+			values[i] = m.msg.Value
 		}
 		results, err := p.c.proc.Process(p.work, values)
 
 		failed := cause(err)
-		var again []*sarama.ConsumerMessage
+		var again []*message
 		for i, r := range results {
 			m := pending[i]
 			switch r.Outcome {
@@ -319,13 +296,13 @@ func (p *partition) handle(batch []*sarama.ConsumerMessage) {
 				again = append(again, m)
 				continue
 			case billing.Parked:
-				if perr := p.c.dlq.Park(m, r.Reason()); perr != nil {
+				if perr := p.c.dlq.Park(m.msg, r.Reason()); perr != nil {
 					err, failed = perr, "dlq"
 					again = append(again, m)
 					continue
 				}
 			}
-			p.finish(m, r, started)
+			p.finish(m, r)
 		}
 		if len(again) == 0 {
 			return
@@ -343,7 +320,7 @@ func (p *partition) handle(batch []*sarama.ConsumerMessage) {
 		}
 		p.c.metrics.Retries.WithLabelValues(failed).Inc()
 		p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
-			"offset", again[0].Offset, "messages", len(again), "attempt", attempt,
+			"offset", again[0].msg.Offset, "messages", len(again), "attempt", attempt,
 			"retry_in", wait, "err", err)
 		if !p.wait(wait, len(again)) {
 			p.abandon(again)
@@ -369,11 +346,11 @@ func (p *partition) wait(d time.Duration, messages int) bool {
 
 // finish counts a finished message, marks what became committable and
 // frees its in-flight slot.
-func (p *partition) finish(m *sarama.ConsumerMessage, r billing.Result, started time.Time) {
+func (p *partition) finish(m *message, r billing.Result) {
 	now := time.Now()
 	p.c.metrics.Events.WithLabelValues(r.Outcome.String()).Inc()
-	p.c.metrics.Processing.Observe(now.Sub(started).Seconds())
-	attrs := []any{"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "outcome", r.Outcome.String()}
+	p.c.metrics.Processing.Observe(now.Sub(m.taken).Seconds())
+	attrs := []any{"topic", p.topic, "partition", p.id, "offset", m.msg.Offset, "outcome", r.Outcome.String()}
 	if !r.Event.OccurredAt.IsZero() {
 		p.c.metrics.EndToEnd.Observe(now.Sub(r.Event.OccurredAt).Seconds())
 		attrs = append(attrs, "event_id", r.Event.ID.String())
@@ -385,7 +362,7 @@ func (p *partition) finish(m *sarama.ConsumerMessage, r billing.Result, started 
 		p.c.log.Debug("message processed", attrs...)
 	}
 
-	if next, ok := p.tracker.finish(m.Offset); ok {
+	if next, ok := p.tracker.finish(m.msg.Offset); ok {
 		p.sess.MarkOffset(p.topic, p.id, next, "")
 		if p.c.opts.CommitEveryMessage {
 			p.sess.Commit()
@@ -396,7 +373,7 @@ func (p *partition) finish(m *sarama.ConsumerMessage, r billing.Result, started 
 
 // abandon gives up messages when the claim ends: they are not marked, so the
 // partition's next owner gets them again.
-func (p *partition) abandon(ms []*sarama.ConsumerMessage) {
+func (p *partition) abandon(ms []*message) {
 	for range ms {
 		<-p.c.tokens
 	}

@@ -6,6 +6,7 @@ package kafkatest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -125,11 +126,17 @@ func Committed(t testing.TB, client sarama.Client, group, topic string) Offsets 
 		t.Fatal(err)
 	}
 	// Not closed: closing the admin would close the shared client.
+	out := Offsets{}
 	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
+	if errors.Is(err, sarama.ErrGroupIDNotFound) { // the group has not joined yet
+		for _, p := range parts {
+			out[p] = -1
+		}
+		return out
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := Offsets{}
 	for _, p := range parts {
 		out[p] = -1
 		if b := resp.GetBlock(topic, p); b != nil {

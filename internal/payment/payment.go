@@ -89,7 +89,12 @@ func New(cfg Config, m *metrics.Metrics) *Client {
 		url:     strings.TrimRight(cfg.BaseURL, "/") + "/v1/charges",
 		apiKey:  cfg.APIKey,
 		timeout: cfg.Timeout,
-		http:    &http.Client{Transport: transport},
+		http: &http.Client{
+			Transport: transport,
+			// A redirect would turn the POST into a GET on another URL:
+			// answer with the 3xx instead, a misconfiguration to retry.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
 		metrics: m,
 	}
 }
@@ -151,13 +156,13 @@ func (c *Client) charge(ctx context.Context, r Request) (Charge, string, error) 
 		if err := json.Unmarshal(answer, &ch); err != nil || ch.ID == "" || ch.Status != "succeeded" {
 			// A success we cannot read is not a charge we can record;
 			// asking again with the same key gets the stored answer.
-			return Charge{}, "bad_response", transient("bad_response", 0, fmt.Errorf("unexpected answer %d %s", code, snippet(answer)))
+			return Charge{}, "bad_response", transient("bad_response", 0, fmt.Errorf("unexpected answer %d %s", code, c.snippet(answer)))
 		}
 		return ch, "charged", nil
 	case code == http.StatusPaymentRequired:
-		return Charge{}, "declined", fmt.Errorf("%w: %s", ErrDeclined, snippet(answer))
+		return Charge{}, "declined", fmt.Errorf("%w: %s", ErrDeclined, c.snippet(answer))
 	case code == http.StatusUnprocessableEntity || code == http.StatusBadRequest:
-		return Charge{}, "rejected", fmt.Errorf("%w: %d %s", ErrRejected, code, snippet(answer))
+		return Charge{}, "rejected", fmt.Errorf("%w: %d %s", ErrRejected, code, c.snippet(answer))
 	case code == http.StatusConflict:
 		// The same key is still being processed by the provider (our
 		// previous attempt, whose answer we lost): ask again later.
@@ -165,13 +170,13 @@ func (c *Client) charge(ctx context.Context, r Request) (Charge, string, error) 
 	case code == http.StatusTooManyRequests:
 		return Charge{}, "rate_limited", transient("rate_limited", retryAfter(resp), fmt.Errorf("429 rate limited"))
 	case code >= 500:
-		return Charge{}, "server_error", transient("server_error", retryAfter(resp), fmt.Errorf("%d %s", code, snippet(answer)))
+		return Charge{}, "server_error", transient("server_error", retryAfter(resp), fmt.Errorf("%d %s", code, c.snippet(answer)))
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
 		// Bad credentials are the environment's fault, not the event's:
 		// hold the partition until an operator fixes PAYMENT_API_KEY.
 		return Charge{}, "unauthorized", transient("unauthorized", 0, fmt.Errorf("%d check PAYMENT_API_KEY", code))
 	default:
-		return Charge{}, "client_error", transient("client_error", 0, fmt.Errorf("unexpected status %d %s", code, snippet(answer)))
+		return Charge{}, "client_error", transient("client_error", 0, fmt.Errorf("unexpected status %d %s", code, c.snippet(answer)))
 	}
 }
 
@@ -198,10 +203,14 @@ func retryAfter(resp *http.Response) time.Duration {
 }
 
 // snippet keeps error texts short and single-line: they end up in logs and
-// dead-letter headers.
-func snippet(b []byte) string {
+// dead-letter headers. It masks the API key, which a provider (or a proxy in
+// front of it) may echo back in an error answer.
+func (c *Client) snippet(b []byte) string {
 	const limit = 200
 	s := strings.Join(strings.Fields(string(b)), " ")
+	if c.apiKey != "" {
+		s = strings.ReplaceAll(s, c.apiKey, "xxxxx")
+	}
 	if len(s) > limit {
 		s = s[:limit] + "…"
 	}

@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"regexp"
@@ -26,7 +27,8 @@ import (
 func Open(dsn string, maxConns int) (*sqlx.DB, error) {
 	connector, err := pq.NewConnector(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
+		// The parser's message can quote the URL, password and all.
+		return nil, fmt.Errorf("parse database url: %s", Redact(err.Error()))
 	}
 	db := sqlx.NewDb(sql.OpenDB(connector), "postgres")
 	db.SetMaxOpenConns(maxConns)
@@ -42,6 +44,10 @@ func Open(dsn string, maxConns int) (*sqlx.DB, error) {
 // wrong (bad password, unknown database or role, TLS required) rather than the
 // server being away for a while.
 func IsConfigError(err error) bool {
+	var pathErr *fs.PathError
+	if errors.As(err, &pathErr) { // sslrootcert, sslcert or sslkey not readable
+		return true
+	}
 	var pqErr *pq.Error
 	if !errors.As(err, &pqErr) {
 		return false
@@ -110,6 +116,11 @@ func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) error {
 
 var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
+// urlPassword finds the password in a URL's user info where url.Parse
+// cannot help: a URL it rejects (a bad port or escape elsewhere in it), or
+// a parser's error message that quotes the URL.
+var urlPassword = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@\s"':]*:)[^\s"]*@`)
+
 // Redact returns dsn with its password masked, for logs.
 func Redact(dsn string) string {
 	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
@@ -119,5 +130,6 @@ func Redact(dsn string) string {
 		}
 		return u.Redacted()
 	}
+	dsn = urlPassword.ReplaceAllString(dsn, "${1}xxxxx@")
 	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
 }

@@ -1,0 +1,474 @@
+package config_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"example.com/billing/internal/config"
+)
+
+// minimalEnv is the smallest environment serve starts with: the two
+// required variables. overrides are "NAME=value" pairs; "NAME" alone (no
+// "=") removes the variable.
+func minimalEnv(t *testing.T, overrides ...string) map[string]string {
+	t.Helper()
+	environ := map[string]string{
+		"DATABASE_URL":     "postgres://billing@db.internal:5432/billing?sslmode=disable",
+		"PAYMENT_BASE_URL": "https://psp.example.com",
+	}
+	for _, kv := range overrides {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			delete(environ, k)
+			continue
+		}
+		environ[k] = v
+	}
+	return environ
+}
+
+// load runs config.Load into a fresh Serve.
+func load(t *testing.T, environ map[string]string) (config.Serve, error) {
+	t.Helper()
+	var cfg config.Serve
+	err := config.Load(maps.Clone(environ), &cfg)
+	return cfg, err
+}
+
+// mustLoad is load for environments that must be accepted.
+func mustLoad(t *testing.T, environ map[string]string) config.Serve {
+	t.Helper()
+	cfg, err := load(t, environ)
+	if err != nil {
+		t.Fatalf("Load: unexpected error: %v", err)
+	}
+	return cfg
+}
+
+// tempFile creates an empty file and returns its path.
+func tempFile(t *testing.T, name string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte("-----BEGIN CERTIFICATE-----\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// setting is one contract variable and where Load puts it.
+type setting struct {
+	name string
+	get  func(c config.Serve) any
+}
+
+// settings lists every variable of serve's contract.
+var settings = []setting{
+	{"KAFKA_BROKERS", func(c config.Serve) any { return c.Kafka.Brokers }},
+	{"KAFKA_TOPIC", func(c config.Serve) any { return c.Kafka.Topic }},
+	{"KAFKA_GROUP_ID", func(c config.Serve) any { return c.Kafka.GroupID }},
+	{"KAFKA_DLQ_TOPIC", func(c config.Serve) any { return c.Kafka.DLQTopic }},
+	{"KAFKA_CLIENT_ID", func(c config.Serve) any { return c.Kafka.ClientID }},
+	{"KAFKA_INSTANCE_ID", func(c config.Serve) any { return c.Kafka.InstanceID }},
+	{"KAFKA_VERSION", func(c config.Serve) any { return c.Kafka.Version }},
+	{"KAFKA_TLS_ENABLED", func(c config.Serve) any { return c.Kafka.TLSEnabled }},
+	{"KAFKA_TLS_CA_FILE", func(c config.Serve) any { return c.Kafka.TLSCAFile }},
+	{"KAFKA_TLS_CERT_FILE", func(c config.Serve) any { return c.Kafka.TLSCertFile }},
+	{"KAFKA_TLS_KEY_FILE", func(c config.Serve) any { return c.Kafka.TLSKeyFile }},
+	{"KAFKA_SASL_MECHANISM", func(c config.Serve) any { return c.Kafka.SASLMechanism }},
+	{"KAFKA_SASL_USERNAME", func(c config.Serve) any { return c.Kafka.SASLUsername }},
+	{"KAFKA_SASL_PASSWORD", func(c config.Serve) any { return c.Kafka.SASLPassword }},
+	{"DATABASE_URL", func(c config.Serve) any { return c.Database.URL }},
+	{"DATABASE_MAX_CONNS", func(c config.Serve) any { return c.Database.MaxConns }},
+	{"PAYMENT_BASE_URL", func(c config.Serve) any { return c.Payment.BaseURL }},
+	{"PAYMENT_API_KEY", func(c config.Serve) any { return c.Payment.APIKey }},
+	{"PAYMENT_TIMEOUT", func(c config.Serve) any { return c.Payment.Timeout }},
+	{"HTTP_ADDR", func(c config.Serve) any { return c.HTTPAddr }},
+	{"DEDUP_RETENTION", func(c config.Serve) any { return c.Dedup.Retention }},
+	{"DEDUP_ALLOW_SHORT_RETENTION", func(c config.Serve) any { return c.Dedup.AllowShortRetention }},
+	{"LOG_LEVEL", func(c config.Serve) any { return c.LogLevel }},
+	{"MAX_IN_FLIGHT", func(c config.Serve) any { return c.Consumer.MaxInFlight }},
+	{"CONSUMER_LANES", func(c config.Serve) any { return c.Consumer.Lanes }},
+	{"CONSUMER_BATCH_MAX", func(c config.Serve) any { return c.Consumer.BatchMax }},
+	{"DRAIN_TIMEOUT", func(c config.Serve) any { return c.Consumer.DrainTimeout }},
+	{"KAFKA_COMMIT_EVERY_MESSAGE", func(c config.Serve) any { return c.Consumer.CommitEveryMessage }},
+}
+
+// checkSettings compares every contract setting of got with want (variable
+// name → value); a variable missing from want must not be in settings.
+func checkSettings(t *testing.T, got config.Serve, want map[string]any) {
+	t.Helper()
+	for _, s := range settings {
+		w, ok := want[s.name]
+		if !ok {
+			t.Fatalf("test table lacks %s", s.name)
+		}
+		if g := s.get(got); !reflect.DeepEqual(g, w) {
+			t.Errorf("%s: got %#v, want %#v", s.name, g, w)
+		}
+	}
+}
+
+func TestLoad_Defaults(t *testing.T) {
+	t.Parallel()
+	t.Run("OK_Defaults", func(t *testing.T) {
+		t.Parallel()
+		env := minimalEnv(t)
+		checkSettings(t, mustLoad(t, env), map[string]any{
+			"KAFKA_BROKERS":               []string{"localhost:9092"},
+			"KAFKA_TOPIC":                 "orders.confirmed",
+			"KAFKA_GROUP_ID":              "billing-order-confirmed",
+			"KAFKA_DLQ_TOPIC":             "orders.confirmed.dlq",
+			"KAFKA_CLIENT_ID":             "billing",
+			"KAFKA_INSTANCE_ID":           "",
+			"KAFKA_VERSION":               "3.6.0",
+			"KAFKA_TLS_ENABLED":           false,
+			"KAFKA_TLS_CA_FILE":           "",
+			"KAFKA_TLS_CERT_FILE":         "",
+			"KAFKA_TLS_KEY_FILE":          "",
+			"KAFKA_SASL_MECHANISM":        "",
+			"KAFKA_SASL_USERNAME":         "",
+			"KAFKA_SASL_PASSWORD":         "",
+			"DATABASE_URL":                env["DATABASE_URL"],
+			"DATABASE_MAX_CONNS":          16,
+			"PAYMENT_BASE_URL":            env["PAYMENT_BASE_URL"],
+			"PAYMENT_API_KEY":             "",
+			"PAYMENT_TIMEOUT":             10 * time.Second,
+			"HTTP_ADDR":                   ":8080",
+			"DEDUP_RETENTION":             168 * time.Hour,
+			"DEDUP_ALLOW_SHORT_RETENTION": false,
+			"LOG_LEVEL":                   slog.LevelInfo,
+			"MAX_IN_FLIGHT":               16 * 16, // DATABASE_MAX_CONNS × CONSUMER_BATCH_MAX
+			"CONSUMER_LANES":              8,
+			"CONSUMER_BATCH_MAX":          16,
+			"DRAIN_TIMEOUT":               10 * time.Second,
+			"KAFKA_COMMIT_EVERY_MESSAGE":  false,
+		})
+	})
+}
+
+func TestLoad_Values(t *testing.T) {
+	t.Parallel()
+	ca, cert, key := tempFile(t, "ca.pem"), tempFile(t, "cert.pem"), tempFile(t, "key.pem")
+
+	t.Run("OK_EveryVariable", func(t *testing.T) {
+		t.Parallel()
+		want := map[string]any{
+			"KAFKA_BROKERS":               []string{"kafka-0:9092", "kafka-1:9093"},
+			"KAFKA_TOPIC":                 "orders.v2",
+			"KAFKA_GROUP_ID":              "billing-2",
+			"KAFKA_DLQ_TOPIC":             "orders.v2.dlq",
+			"KAFKA_CLIENT_ID":             "billing-pod-1",
+			"KAFKA_INSTANCE_ID":           "pod-1",
+			"KAFKA_VERSION":               "2.8.0",
+			"KAFKA_TLS_ENABLED":           true,
+			"KAFKA_TLS_CA_FILE":           ca,
+			"KAFKA_TLS_CERT_FILE":         cert,
+			"KAFKA_TLS_KEY_FILE":          key,
+			"KAFKA_SASL_MECHANISM":        "SCRAM-SHA-512",
+			"KAFKA_SASL_USERNAME":         "billing",
+			"KAFKA_SASL_PASSWORD":         "pw",
+			"DATABASE_URL":                "host=db dbname=billing",
+			"DATABASE_MAX_CONNS":          4,
+			"PAYMENT_BASE_URL":            "http://psp:8080/api/",
+			"PAYMENT_API_KEY":             "key",
+			"PAYMENT_TIMEOUT":             3 * time.Second,
+			"HTTP_ADDR":                   "127.0.0.1:9000",
+			"DEDUP_RETENTION":             720 * time.Hour,
+			"DEDUP_ALLOW_SHORT_RETENTION": true,
+			"LOG_LEVEL":                   slog.LevelDebug,
+			"MAX_IN_FLIGHT":               7,
+			"CONSUMER_LANES":              2,
+			"CONSUMER_BATCH_MAX":          3,
+			"DRAIN_TIMEOUT":               time.Minute,
+			"KAFKA_COMMIT_EVERY_MESSAGE":  true,
+		}
+		env := map[string]string{
+			"KAFKA_BROKERS":               "kafka-0:9092,kafka-1:9093",
+			"KAFKA_TLS_ENABLED":           "true",
+			"PAYMENT_TIMEOUT":             "3s",
+			"DEDUP_RETENTION":             "720h",
+			"DEDUP_ALLOW_SHORT_RETENTION": "true",
+			"LOG_LEVEL":                   "debug",
+			"DRAIN_TIMEOUT":               "1m",
+			"KAFKA_COMMIT_EVERY_MESSAGE":  "true",
+		}
+		for name, v := range want {
+			if _, ok := env[name]; !ok {
+				env[name] = fmt.Sprint(v)
+			}
+		}
+		checkSettings(t, mustLoad(t, env), want)
+	})
+
+	tests := []struct {
+		name  string
+		env   []string
+		check func(t *testing.T, cfg config.Serve)
+	}{
+		{"OK_MaxInFlightDefaultsToConnsTimesBatch", []string{"DATABASE_MAX_CONNS=4", "CONSUMER_BATCH_MAX=3"}, func(t *testing.T, cfg config.Serve) {
+			if cfg.Consumer.MaxInFlight != 12 {
+				t.Errorf("MaxInFlight = %d, want 4×3 = 12", cfg.Consumer.MaxInFlight)
+			}
+		}},
+		{"OK_MaxInFlightZeroMeansDefault", []string{"MAX_IN_FLIGHT=0", "DATABASE_MAX_CONNS=5", "CONSUMER_BATCH_MAX=1"}, func(t *testing.T, cfg config.Serve) {
+			if cfg.Consumer.MaxInFlight != 5 {
+				t.Errorf("MaxInFlight = %d, want 5×1 = 5", cfg.Consumer.MaxInFlight)
+			}
+		}},
+		// "a:1, b:2" is how people write lists; sarama dials each address
+		// as given and cannot resolve " b".
+		{"OK_BrokersTrimmed", []string{"KAFKA_BROKERS= kafka-0:9092 , kafka-1:9092"}, func(t *testing.T, cfg config.Serve) {
+			if want := []string{"kafka-0:9092", "kafka-1:9092"}; !reflect.DeepEqual(cfg.Kafka.Brokers, want) {
+				t.Errorf("Brokers = %q, want %q", cfg.Kafka.Brokers, want)
+			}
+		}},
+		{"OK_BrokerIPv6", []string{"KAFKA_BROKERS=[::1]:9092"}, func(t *testing.T, cfg config.Serve) {
+			if want := []string{"[::1]:9092"}; !reflect.DeepEqual(cfg.Kafka.Brokers, want) {
+				t.Errorf("Brokers = %q, want %q", cfg.Kafka.Brokers, want)
+			}
+		}},
+		{"OK_SASLPlain", []string{"KAFKA_SASL_MECHANISM=PLAIN", "KAFKA_SASL_USERNAME=u", "KAFKA_SASL_PASSWORD=p"}, nil},
+		{"OK_SASLScram256", []string{"KAFKA_SASL_MECHANISM=SCRAM-SHA-256", "KAFKA_SASL_USERNAME=u", "KAFKA_SASL_PASSWORD=p"}, nil},
+		{"OK_TLSWithoutFiles", []string{"KAFKA_TLS_ENABLED=true"}, nil},
+		{"OK_DatabaseKeyValueForm", []string{"DATABASE_URL=host=db port=5432 dbname=billing sslmode=disable"}, nil},
+		{"OK_PaymentHTTPWithPathPrefix", []string{"PAYMENT_BASE_URL=http://psp:8080/api/"}, nil},
+		{"OK_HTTPAddrAnyHost", []string{"HTTP_ADDR=:0"}, nil},
+		{"OK_RetentionOneDay", []string{"DEDUP_RETENTION=24h"}, nil},
+		{"OK_LogLevelUpperCase", []string{"LOG_LEVEL=WARN"}, func(t *testing.T, cfg config.Serve) {
+			if cfg.LogLevel != slog.LevelWarn {
+				t.Errorf("LogLevel = %v, want WARN", cfg.LogLevel)
+			}
+		}},
+		{"OK_LimitsAtBounds", []string{"DATABASE_MAX_CONNS=1000", "MAX_IN_FLIGHT=100000", "CONSUMER_LANES=1024", "CONSUMER_BATCH_MAX=1000", "PAYMENT_TIMEOUT=5m"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := mustLoad(t, minimalEnv(t, tt.env...))
+			if tt.check != nil {
+				tt.check(t, cfg)
+			}
+		})
+	}
+}
+
+func TestLoad_Errors(t *testing.T) {
+	t.Parallel()
+	existing := tempFile(t, "exists.pem")
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+
+	tests := []struct {
+		name    string
+		env     []string
+		wantVar string
+		// alsoNames is another variable the message must mention.
+		alsoNames string
+	}{
+		{"ErrBrokersSetButEmpty", []string{"KAFKA_BROKERS="}, "KAFKA_BROKERS", ""},
+		{"ErrBrokersBlank", []string{"KAFKA_BROKERS=  "}, "KAFKA_BROKERS", ""},
+		{"ErrBrokersEmptyElement", []string{"KAFKA_BROKERS=kafka:9092,"}, "KAFKA_BROKERS", ""},
+		{"ErrBrokersNoPort", []string{"KAFKA_BROKERS=kafka"}, "KAFKA_BROKERS", ""},
+		{"ErrBrokersNoHost", []string{"KAFKA_BROKERS=:9092"}, "KAFKA_BROKERS", ""},
+		{"ErrBrokersSecondBad", []string{"KAFKA_BROKERS=kafka-0:9092,kafka-1"}, "KAFKA_BROKERS", ""},
+		{"ErrBrokersPortNotNumber", []string{"KAFKA_BROKERS=kafka:http"}, "KAFKA_BROKERS", ""},
+		{"ErrBrokersPortZero", []string{"KAFKA_BROKERS=kafka:0"}, "KAFKA_BROKERS", ""},
+		{"ErrBrokersPortTooBig", []string{"KAFKA_BROKERS=kafka:65536"}, "KAFKA_BROKERS", ""},
+		{"ErrTopicSlash", []string{"KAFKA_TOPIC=orders/confirmed"}, "KAFKA_TOPIC", ""},
+		{"ErrTopicSpace", []string{"KAFKA_TOPIC=orders confirmed"}, "KAFKA_TOPIC", ""},
+		{"ErrTopicTooLong", []string{"KAFKA_TOPIC=" + strings.Repeat("t", 250)}, "KAFKA_TOPIC", ""},
+		{"ErrDLQTopicInvalid", []string{"KAFKA_DLQ_TOPIC=dlq!"}, "KAFKA_DLQ_TOPIC", ""},
+		{"ErrDLQTopicEqualsTopic", []string{"KAFKA_TOPIC=orders", "KAFKA_DLQ_TOPIC=orders"}, "KAFKA_DLQ_TOPIC", "KAFKA_TOPIC"},
+		{"ErrDLQTopicEqualsDefaultTopic", []string{"KAFKA_DLQ_TOPIC=orders.confirmed"}, "KAFKA_DLQ_TOPIC", ""},
+		{"ErrGroupIDBlank", []string{"KAFKA_GROUP_ID=  "}, "KAFKA_GROUP_ID", ""},
+		{"ErrClientIDBlank", []string{"KAFKA_CLIENT_ID=  "}, "KAFKA_CLIENT_ID", ""},
+		{"ErrVersionNotVersion", []string{"KAFKA_VERSION=latest"}, "KAFKA_VERSION", ""},
+		{"ErrVersionTooShort", []string{"KAFKA_VERSION=3"}, "KAFKA_VERSION", ""},
+		{"ErrTLSEnabledNotBool", []string{"KAFKA_TLS_ENABLED=maybe"}, "KAFKA_TLS_ENABLED", ""},
+		{"ErrTLSCAFileWithoutTLS", []string{"KAFKA_TLS_CA_FILE=" + existing}, "KAFKA_TLS_CA_FILE", "KAFKA_TLS_ENABLED"},
+		{"ErrTLSCertFileWithoutTLS", []string{"KAFKA_TLS_ENABLED=false", "KAFKA_TLS_CERT_FILE=" + existing}, "KAFKA_TLS_CERT_FILE", "KAFKA_TLS_ENABLED"},
+		{"ErrTLSKeyFileWithoutTLS", []string{"KAFKA_TLS_KEY_FILE=" + existing}, "KAFKA_TLS_KEY_FILE", "KAFKA_TLS_ENABLED"},
+		{"ErrTLSCertWithoutKey", []string{"KAFKA_TLS_ENABLED=true", "KAFKA_TLS_CERT_FILE=" + existing}, "KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE"},
+		{"ErrTLSKeyWithoutCert", []string{"KAFKA_TLS_ENABLED=true", "KAFKA_TLS_KEY_FILE=" + existing}, "KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE"},
+		{"ErrTLSCAFileMissing", []string{"KAFKA_TLS_ENABLED=true", "KAFKA_TLS_CA_FILE=" + missing}, "KAFKA_TLS_CA_FILE", ""},
+		{"ErrTLSCertFileMissing", []string{"KAFKA_TLS_ENABLED=true", "KAFKA_TLS_CERT_FILE=" + missing, "KAFKA_TLS_KEY_FILE=" + existing}, "KAFKA_TLS_CERT_FILE", ""},
+		{"ErrTLSKeyFileMissing", []string{"KAFKA_TLS_ENABLED=true", "KAFKA_TLS_CERT_FILE=" + existing, "KAFKA_TLS_KEY_FILE=" + missing}, "KAFKA_TLS_KEY_FILE", ""},
+		{"ErrSASLMechanismUnknown", []string{"KAFKA_SASL_MECHANISM=GSSAPI", "KAFKA_SASL_USERNAME=u", "KAFKA_SASL_PASSWORD=p"}, "KAFKA_SASL_MECHANISM", ""},
+		{"ErrSASLMechanismLowerCase", []string{"KAFKA_SASL_MECHANISM=plain", "KAFKA_SASL_USERNAME=u", "KAFKA_SASL_PASSWORD=p"}, "KAFKA_SASL_MECHANISM", ""},
+		{"ErrSASLUsernameMissing", []string{"KAFKA_SASL_MECHANISM=PLAIN", "KAFKA_SASL_PASSWORD=p"}, "KAFKA_SASL_USERNAME", "KAFKA_SASL_MECHANISM"},
+		{"ErrSASLPasswordMissing", []string{"KAFKA_SASL_MECHANISM=SCRAM-SHA-256", "KAFKA_SASL_USERNAME=u"}, "KAFKA_SASL_PASSWORD", "KAFKA_SASL_MECHANISM"},
+		{"ErrSASLUsernameWithoutMechanism", []string{"KAFKA_SASL_USERNAME=u"}, "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME"},
+		{"ErrSASLPasswordWithoutMechanism", []string{"KAFKA_SASL_PASSWORD=p"}, "KAFKA_SASL_MECHANISM", "KAFKA_SASL_PASSWORD"},
+		{"ErrDatabaseURLMissing", []string{"DATABASE_URL"}, "DATABASE_URL", ""},
+		{"ErrDatabaseURLEmpty", []string{"DATABASE_URL="}, "DATABASE_URL", ""},
+		{"ErrDatabaseURLBlank", []string{"DATABASE_URL= "}, "DATABASE_URL", ""},
+		{"ErrDatabaseURLBadPort", []string{"DATABASE_URL=postgres://billing@db:port/billing"}, "DATABASE_URL", ""},
+		{"ErrDatabaseURLBadEscape", []string{"DATABASE_URL=postgres://billing@db/%zz"}, "DATABASE_URL", ""},
+		{"ErrDatabaseURLNotKeyValue", []string{"DATABASE_URL=db.internal"}, "DATABASE_URL", ""},
+		{"ErrDatabaseURLUnterminatedQuote", []string{"DATABASE_URL=host=db password='abc"}, "DATABASE_URL", ""},
+		{"ErrDatabaseMaxConnsZero", []string{"DATABASE_MAX_CONNS=0"}, "DATABASE_MAX_CONNS", ""},
+		{"ErrDatabaseMaxConnsNegative", []string{"DATABASE_MAX_CONNS=-1"}, "DATABASE_MAX_CONNS", ""},
+		{"ErrDatabaseMaxConnsTooMany", []string{"DATABASE_MAX_CONNS=1001"}, "DATABASE_MAX_CONNS", ""},
+		{"ErrDatabaseMaxConnsNotNumber", []string{"DATABASE_MAX_CONNS=many"}, "DATABASE_MAX_CONNS", ""},
+		{"ErrPaymentBaseURLMissing", []string{"PAYMENT_BASE_URL"}, "PAYMENT_BASE_URL", ""},
+		{"ErrPaymentBaseURLEmpty", []string{"PAYMENT_BASE_URL="}, "PAYMENT_BASE_URL", ""},
+		{"ErrPaymentBaseURLFTP", []string{"PAYMENT_BASE_URL=ftp://psp.example.com"}, "PAYMENT_BASE_URL", ""},
+		{"ErrPaymentBaseURLNoScheme", []string{"PAYMENT_BASE_URL=psp.example.com"}, "PAYMENT_BASE_URL", ""},
+		{"ErrPaymentBaseURLHostPortNoScheme", []string{"PAYMENT_BASE_URL=psp:8080"}, "PAYMENT_BASE_URL", ""},
+		{"ErrPaymentBaseURLNoHost", []string{"PAYMENT_BASE_URL=http://"}, "PAYMENT_BASE_URL", ""},
+		{"ErrPaymentBaseURLUnparsable", []string{"PAYMENT_BASE_URL=http://psp:port"}, "PAYMENT_BASE_URL", ""},
+		{"ErrPaymentBaseURLCredentials", []string{"PAYMENT_BASE_URL=https://user:pw@psp.example.com"}, "PAYMENT_BASE_URL", "PAYMENT_API_KEY"},
+		{"ErrPaymentBaseURLUserOnly", []string{"PAYMENT_BASE_URL=https://user@psp.example.com"}, "PAYMENT_BASE_URL", ""},
+		{"ErrPaymentTimeoutUnparsable", []string{"PAYMENT_TIMEOUT=ten"}, "PAYMENT_TIMEOUT", ""},
+		{"ErrPaymentTimeoutNoUnit", []string{"PAYMENT_TIMEOUT=10"}, "PAYMENT_TIMEOUT", ""},
+		{"ErrPaymentTimeoutZero", []string{"PAYMENT_TIMEOUT=0s"}, "PAYMENT_TIMEOUT", ""},
+		{"ErrPaymentTimeoutNegative", []string{"PAYMENT_TIMEOUT=-1s"}, "PAYMENT_TIMEOUT", ""},
+		{"ErrPaymentTimeoutTooLong", []string{"PAYMENT_TIMEOUT=6m"}, "PAYMENT_TIMEOUT", ""},
+		{"ErrHTTPAddrNoPort", []string{"HTTP_ADDR=8080"}, "HTTP_ADDR", ""},
+		{"ErrHTTPAddrHostOnly", []string{"HTTP_ADDR=localhost"}, "HTTP_ADDR", ""},
+		{"ErrDedupRetentionTooShort", []string{"DEDUP_RETENTION=23h59m"}, "DEDUP_RETENTION", ""},
+		{"ErrDedupRetentionZero", []string{"DEDUP_RETENTION=0s"}, "DEDUP_RETENTION", ""},
+		{"ErrDedupRetentionUnparsable", []string{"DEDUP_RETENTION=7d"}, "DEDUP_RETENTION", ""},
+		{"ErrDedupAllowShortRetentionNotBool", []string{"DEDUP_ALLOW_SHORT_RETENTION=yes please"}, "DEDUP_ALLOW_SHORT_RETENTION", ""},
+		{"ErrLogLevelUnknown", []string{"LOG_LEVEL=verbose"}, "LOG_LEVEL", ""},
+		{"ErrMaxInFlightNegative", []string{"MAX_IN_FLIGHT=-1"}, "MAX_IN_FLIGHT", ""},
+		{"ErrMaxInFlightTooMany", []string{"MAX_IN_FLIGHT=100001"}, "MAX_IN_FLIGHT", ""},
+		{"ErrMaxInFlightNotNumber", []string{"MAX_IN_FLIGHT=lots"}, "MAX_IN_FLIGHT", ""},
+		{"ErrConsumerLanesZero", []string{"CONSUMER_LANES=0"}, "CONSUMER_LANES", ""},
+		{"ErrConsumerLanesTooMany", []string{"CONSUMER_LANES=1025"}, "CONSUMER_LANES", ""},
+		{"ErrConsumerLanesNotNumber", []string{"CONSUMER_LANES=eight"}, "CONSUMER_LANES", ""},
+		{"ErrConsumerBatchMaxZero", []string{"CONSUMER_BATCH_MAX=0"}, "CONSUMER_BATCH_MAX", ""},
+		{"ErrConsumerBatchMaxTooMany", []string{"CONSUMER_BATCH_MAX=1001"}, "CONSUMER_BATCH_MAX", ""},
+		{"ErrConsumerBatchMaxNotNumber", []string{"CONSUMER_BATCH_MAX=1.5"}, "CONSUMER_BATCH_MAX", ""},
+		{"ErrDrainTimeoutZero", []string{"DRAIN_TIMEOUT=0s"}, "DRAIN_TIMEOUT", ""},
+		{"ErrDrainTimeoutNegative", []string{"DRAIN_TIMEOUT=-5s"}, "DRAIN_TIMEOUT", ""},
+		{"ErrDrainTimeoutUnparsable", []string{"DRAIN_TIMEOUT=soon"}, "DRAIN_TIMEOUT", ""},
+		{"ErrCommitEveryMessageNotBool", []string{"KAFKA_COMMIT_EVERY_MESSAGE=often"}, "KAFKA_COMMIT_EVERY_MESSAGE", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := load(t, minimalEnv(t, tt.env...))
+			if err == nil {
+				t.Fatalf("Load accepted %q", tt.env)
+			}
+			var ve *config.VarError
+			if !errors.As(err, &ve) {
+				t.Fatalf("error %q (%T) is not a *config.VarError", err, err)
+			}
+			if ve.Var != tt.wantVar {
+				t.Errorf("VarError.Var = %q, want %q (error: %v)", ve.Var, tt.wantVar, err)
+			}
+			if !strings.Contains(err.Error(), tt.wantVar) {
+				t.Errorf("error %q does not name %s", err, tt.wantVar)
+			}
+			if tt.alsoNames != "" && !strings.Contains(err.Error(), tt.alsoNames) {
+				t.Errorf("error %q does not mention %s", err, tt.alsoNames)
+			}
+		})
+	}
+}
+
+// TestLoad_ErrorsKeepSecrets: the start-up error is printed to the log, so
+// it must not repeat the secret that was in the bad value.
+func TestLoad_ErrorsKeepSecrets(t *testing.T) {
+	t.Parallel()
+	const secret = "Sup3rSecretPw"
+	tests := []struct {
+		name    string
+		env     []string
+		wantVar string
+	}{
+		{"ErrDatabaseURLBadPort", []string{"DATABASE_URL=postgres://billing:" + secret + "@db:port/billing"}, "DATABASE_URL"},
+		{"ErrDatabaseURLBadEscape", []string{"DATABASE_URL=postgres://billing:" + secret + "@db/%zz"}, "DATABASE_URL"},
+		{"ErrDatabaseURLKeyValueBroken", []string{"DATABASE_URL=password=" + secret + " host='db"}, "DATABASE_URL"},
+		{"ErrPaymentBaseURLCredentials", []string{"PAYMENT_BASE_URL=https://user:" + secret + "@psp.example.com"}, "PAYMENT_BASE_URL"},
+		{"ErrPaymentBaseURLCredentialsBadScheme", []string{"PAYMENT_BASE_URL=ftp://user:" + secret + "@psp.example.com"}, "PAYMENT_BASE_URL"},
+		{"ErrPaymentBaseURLCredentialsBadPort", []string{"PAYMENT_BASE_URL=https://user:" + secret + "@psp:port"}, "PAYMENT_BASE_URL"},
+		{"ErrSASLPasswordWithoutMechanism", []string{"KAFKA_SASL_PASSWORD=" + secret}, "KAFKA_SASL_MECHANISM"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := load(t, minimalEnv(t, tt.env...))
+			var ve *config.VarError
+			if !errors.As(err, &ve) || ve.Var != tt.wantVar {
+				t.Fatalf("err = %v, want a *config.VarError for %s", err, tt.wantVar)
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("error reveals the secret: %q", err)
+			}
+		})
+	}
+}
+
+// logConfig logs cfg the way serve does, through a JSON handler.
+func logConfig(t *testing.T, cfg any) string {
+	t.Helper()
+	var buf bytes.Buffer
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("billing starting", "config", cfg)
+	return buf.String()
+}
+
+func TestServe_LogValue(t *testing.T) {
+	t.Parallel()
+	const (
+		apiKey   = "psp-Key-S3cret"
+		saslPass = "sasl-Pass-S3cret"
+		dbPass   = "db-Pass-S3cret"
+	)
+	tests := []struct {
+		name  string
+		dbURL string
+		// dbShown are non-secret parts of DATABASE_URL the log must keep.
+		dbShown []string
+	}{
+		{"OK_URLForm", "postgres://billing:" + dbPass + "@db.internal:5432/billing?sslmode=require", []string{"db.internal:5432/billing", "sslmode=require"}},
+		{"OK_URLQueryForm", "postgres://billing@db.internal:5432/billing?password=" + dbPass + "&sslmode=require", []string{"db.internal:5432/billing", "sslmode=require"}},
+		{"OK_KeyValueForm", "host=db.internal password=" + dbPass + " dbname=billing", []string{"host=db.internal", "dbname=billing"}},
+		{"OK_KeyValueQuotedForm", "host=db.internal password='" + dbPass + " x' dbname=billing", []string{"host=db.internal", "dbname=billing"}},
+		{"OK_KeyValueSpacedForm", "host=db.internal password = " + dbPass + " dbname=billing", []string{"host=db.internal", "dbname=billing"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := mustLoad(t, minimalEnv(t,
+				"DATABASE_URL="+tt.dbURL,
+				"PAYMENT_API_KEY="+apiKey,
+				"KAFKA_SASL_MECHANISM=SCRAM-SHA-256",
+				"KAFKA_SASL_USERNAME=billing-user",
+				"KAFKA_SASL_PASSWORD="+saslPass,
+				"KAFKA_BROKERS=kafka-0.internal:9092",
+				"PAYMENT_BASE_URL=https://psp.example.com/api",
+			))
+			for _, how := range []struct {
+				name string
+				v    any
+			}{{"value", cfg}, {"pointer", &cfg}} {
+				out := logConfig(t, how.v)
+				for _, s := range []string{apiKey, saslPass, dbPass} {
+					if strings.Contains(out, s) {
+						t.Errorf("logged %s config reveals %q:\n%s", how.name, s, out)
+					}
+				}
+				shown := append([]string{
+					"kafka-0.internal:9092", "orders.confirmed.dlq", "billing-order-confirmed",
+					"SCRAM-SHA-256", "billing-user", "https://psp.example.com/api", ":8080", "max_conns",
+				}, tt.dbShown...)
+				for _, s := range shown {
+					if !strings.Contains(out, s) {
+						t.Errorf("logged %s config lacks %q:\n%s", how.name, s, out)
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,394 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"example.com/billing/internal/billing"
+	"example.com/billing/internal/config"
+	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/metrics"
+)
+
+// These tests exercise the consumer's offset and lane logic against a real
+// broker over TCP. The processor is a recorder standing in for billing: the
+// database and the provider are not what is under test here.
+
+// recorder is a kafka.Processor that records what it saw, and can hold or
+// fail chosen values.
+type recorder struct {
+	mu        sync.Mutex
+	seen      []string // values in processing order
+	finished  map[string]int
+	inFlight  atomic.Int32
+	maxFlight atomic.Int32
+
+	delay atomic.Int64             // time.Duration per value
+	hold  map[string]chan struct{} // value → released when closed
+	fail  func(value string) bool
+}
+
+func newRecorder() *recorder {
+	return &recorder{finished: map[string]int{}, hold: map[string]chan struct{}{}}
+}
+
+func (r *recorder) Process(ctx context.Context, values [][]byte) ([]billing.Result, error) {
+	n := r.inFlight.Add(1)
+	defer r.inFlight.Add(-1)
+	for {
+		m := r.maxFlight.Load()
+		if n <= m || r.maxFlight.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	results := make([]billing.Result, len(values))
+	for i, v := range values {
+		s := string(v)
+		if ch, ok := r.holdOf(s); ok {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return results, ctx.Err() // rest stays Pending
+			}
+		}
+		if r.fail != nil && r.fail(s) {
+			return results, fmt.Errorf("outage for %s", s) // this and the rest stay Pending
+		}
+		if d := time.Duration(r.delay.Load()); d > 0 {
+			time.Sleep(d)
+		}
+		r.mu.Lock()
+		r.seen = append(r.seen, s)
+		r.finished[s]++
+		r.mu.Unlock()
+		results[i].Outcome = billing.Charged
+	}
+	return results, nil
+}
+
+func (r *recorder) holdOf(v string) (chan struct{}, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch, ok := r.hold[v]
+	return ch, ok
+}
+
+func (r *recorder) finishedCount(v string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.finished[v]
+}
+
+func (r *recorder) order() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.seen...)
+}
+
+type member struct {
+	consumer *kafka.Consumer
+	metrics  *metrics.Metrics
+	cancel   context.CancelFunc
+	done     chan error
+}
+
+func kafkaConfig(addr, instance string) config.Kafka {
+	return config.Kafka{
+		Brokers: []string{addr}, Topic: kafkatest.Topic, GroupID: kafkatest.Group,
+		DLQTopic: kafkatest.DLQTopic, ClientID: "test", Version: "3.6.0", InstanceID: instance,
+	}
+}
+
+// startMember joins the group with proc and opts.
+func startMember(t *testing.T, b *devkafka.Broker, proc kafka.Processor, opts kafka.Options, instance string) *member {
+	t.Helper()
+	k := kafkaConfig(b.Addr(), instance)
+	cfg, err := kafka.ConsumerConfig(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rebalances in these tests should take a second, not a heartbeat
+	// interval of the production settings.
+	cfg.Consumer.Group.Heartbeat.Interval = 200 * time.Millisecond
+	client, err := sarama.NewClient(k.Brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg, err := kafka.ProducerConfig(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	producer, err := sarama.NewSyncProducer(k.Brokers, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Topic, opts.Group = kafkatest.Topic, kafkatest.Group
+	m := metrics.New(prometheus.NewRegistry())
+	c, err := kafka.NewConsumer(client, proc, kafka.NewDLQ(producer, kafkatest.DLQTopic, kafkatest.Group), opts, m,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	mb := &member{consumer: c, metrics: m, cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		mb.done <- c.Run(ctx)
+		producer.Close()
+		client.Close()
+	}()
+	t.Cleanup(func() { mb.stop(t) })
+	return mb
+}
+
+func (m *member) stop(t *testing.T) {
+	t.Helper()
+	if m.cancel == nil {
+		return
+	}
+	m.cancel()
+	m.cancel = nil
+	select {
+	case <-m.done:
+	case <-time.After(30 * time.Second):
+		t.Errorf("consumer did not stop")
+	}
+}
+
+func options() kafka.Options {
+	return kafka.Options{Lanes: 8, BatchMax: 4, MaxInFlight: 64, DrainTimeout: 5 * time.Second}
+}
+
+func produceValues(t *testing.T, client sarama.Client, partition int32, keyed map[string][]string) {
+	t.Helper()
+	var msgs []kafkatest.Message
+	for key, values := range keyed {
+		for _, v := range values {
+			msgs = append(msgs, kafkatest.Message{Partition: partition, Key: []byte(key), Value: []byte(v)})
+		}
+	}
+	kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+}
+
+func TestConsumer_KeysRunConcurrentlyEachInOffsetOrder(t *testing.T) {
+	b := kafkatest.StartBroker(t, 2)
+	client := kafkatest.Client(t, b.Addr())
+	rec := newRecorder()
+	rec.delay.Store(int64(2 * time.Millisecond))
+
+	const keys, perKey = 20, 15
+	for p := range int32(2) {
+		var msgs []kafkatest.Message
+		for i := range perKey { // interleaved: k0#0 k1#0 ... k0#1 ...
+			for k := range keys {
+				key := fmt.Sprintf("p%d-k%d", p, k)
+				msgs = append(msgs, kafkatest.Message{Partition: p, Key: []byte(key), Value: []byte(key + "#" + strconv.Itoa(i))})
+			}
+		}
+		kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+	}
+	startMember(t, b, rec, options(), "")
+	kafkatest.WaitCaughtUp(t, client, kafkatest.Group, kafkatest.Topic, 30*time.Second)
+
+	next := map[string]int{}
+	for _, v := range rec.order() {
+		key, seq, _ := strings.Cut(v, "#")
+		n, _ := strconv.Atoi(seq)
+		if n != next[key] {
+			t.Fatalf("key %s: event %d processed when %d was due", key, n, next[key])
+		}
+		next[key]++
+	}
+	if len(next) != 2*keys {
+		t.Errorf("%d keys processed, want %d", len(next), 2*keys)
+	}
+	if rec.maxFlight.Load() < 4 {
+		t.Errorf("at most %d batches ran at once: lanes are not concurrent", rec.maxFlight.Load())
+	}
+}
+
+func TestConsumer_CommittedOffsetNeverPassesAnUnfinishedMessage(t *testing.T) {
+	b := kafkatest.StartBroker(t, 1)
+	client := kafkatest.Client(t, b.Addr())
+	rec := newRecorder()
+	release := make(chan struct{})
+	rec.hold["held"] = release
+
+	// Offsets 0..4 finish, 5 is held, 6..19 (other keys) finish.
+	var msgs []kafkatest.Message
+	for i := range 20 {
+		v := "v" + strconv.Itoa(i)
+		if i == 5 {
+			v = "held"
+		}
+		msgs = append(msgs, kafkatest.Message{Key: []byte("k" + strconv.Itoa(i)), Value: []byte(v)})
+	}
+	kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+	startMember(t, b, rec, options(), "")
+
+	deadline := time.Now().Add(10 * time.Second)
+	for rec.finishedCount("v19") == 0 || rec.finishedCount("v4") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("messages after the held one were not processed: one key blocks the partition")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Several auto-commit intervals pass: the commit stays at the held message.
+	time.Sleep(2500 * time.Millisecond)
+	if got := kafkatest.Committed(t, client, kafkatest.Group, kafkatest.Topic)[0]; got != 5 {
+		t.Fatalf("committed offset %d while offset 5 is unfinished, want 5", got)
+	}
+	close(release)
+	kafkatest.WaitCaughtUp(t, client, kafkatest.Group, kafkatest.Topic, 10*time.Second)
+}
+
+func TestConsumer_AFailingKeyHoldsOnlyItsOwnLane(t *testing.T) {
+	b := kafkatest.StartBroker(t, 1)
+	client := kafkatest.Client(t, b.Addr())
+	rec := newRecorder()
+	var outage atomic.Bool
+	outage.Store(true)
+	rec.fail = func(v string) bool { return outage.Load() && strings.HasPrefix(v, "bad") }
+
+	var msgs []kafkatest.Message
+	msgs = append(msgs, kafkatest.Message{Key: []byte("bad-key"), Value: []byte("bad-0")})
+	for i := range 30 {
+		msgs = append(msgs, kafkatest.Message{Key: []byte("good-" + strconv.Itoa(i)), Value: []byte("good-" + strconv.Itoa(i))})
+	}
+	kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+	mb := startMember(t, b, rec, options(), "")
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		done := 0
+		for i := range 30 {
+			if rec.finishedCount("good-"+strconv.Itoa(i)) > 0 {
+				done++
+			}
+		}
+		// The good keys that share the bad key's lane wait behind it; the
+		// others must all get through.
+		if done >= 30-30/8-4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of 30 good messages processed while one key fails", done)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := kafkatest.Committed(t, client, kafkatest.Group, kafkatest.Topic)[0]; got > 0 {
+		t.Fatalf("committed offset %d passed the failing message at 0", got)
+	}
+	if testutil.ToFloat64(mb.metrics.Retries.WithLabelValues("database")) == 0 {
+		t.Errorf("the failing key's retries are not counted")
+	}
+	outage.Store(false)
+	kafkatest.WaitCaughtUp(t, client, kafkatest.Group, kafkatest.Topic, 15*time.Second)
+	if rec.finishedCount("bad-0") != 1 {
+		t.Errorf("the failing message finished %d times after the outage, want 1", rec.finishedCount("bad-0"))
+	}
+}
+
+func TestConsumer_RevocationMidFlightLosesNothing(t *testing.T) {
+	b := kafkatest.StartBroker(t, 4)
+	client := kafkatest.Client(t, b.Addr())
+	const perPartition = 200
+	for p := range int32(4) {
+		var msgs []kafkatest.Message
+		for i := range perPartition {
+			v := fmt.Sprintf("p%d-%d", p, i)
+			msgs = append(msgs, kafkatest.Message{Partition: p, Key: []byte(strconv.Itoa(i % 10)), Value: []byte(v)})
+		}
+		kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+	}
+	// Hold every value: the first member's work is in flight, unfinished,
+	// when the rebalance revokes its partitions.
+	rec := newRecorder()
+	gate := make(chan struct{})
+	for p := range 4 {
+		for i := range perPartition {
+			rec.hold[fmt.Sprintf("p%d-%d", p, i)] = gate
+		}
+	}
+	opts := options()
+	opts.DrainTimeout = time.Second
+
+	a := startMember(t, b, rec, opts, "")
+	eventually(t, 10*time.Second, "first member busy", func() bool { return a.consumer.Ready() && rec.inFlight.Load() > 0 })
+	bm := startMember(t, b, rec, opts, "")
+	eventually(t, 20*time.Second, "second member assigned", func() bool {
+		return testutil.ToFloat64(bm.metrics.Rebalances.WithLabelValues("assigned")) >= 1
+	})
+	if got := testutil.ToFloat64(a.metrics.Rebalances.WithLabelValues("revoked")); got < 1 {
+		t.Fatalf("no partition was revoked from the first member")
+	}
+	close(gate)
+	// Then a leaves while it works: its partitions move to the second member.
+	a.stop(t)
+	kafkatest.WaitCaughtUp(t, client, kafkatest.Group, kafkatest.Topic, 60*time.Second)
+
+	for p := range 4 {
+		for i := range perPartition {
+			if v := fmt.Sprintf("p%d-%d", p, i); rec.finishedCount(v) == 0 {
+				t.Fatalf("message %s was never processed", v)
+			}
+		}
+	}
+	if got := testutil.ToFloat64(bm.metrics.Rebalances.WithLabelValues("assigned")); got < 4 {
+		t.Errorf("the second member was assigned %v partitions, want all 4 in the end", got)
+	}
+}
+
+func TestConsumer_StaticMemberRestartDoesNotRebalanceTheOthers(t *testing.T) {
+	b := kafkatest.StartBroker(t, 4)
+	rec := newRecorder()
+	a := startMember(t, b, rec, options(), "pod-a")
+	other := startMember(t, b, rec, options(), "pod-b")
+	eventually(t, 20*time.Second, "both members assigned", func() bool {
+		return testutil.ToFloat64(a.metrics.Rebalances.WithLabelValues("assigned")) >= 1 &&
+			testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("assigned")) >= 1 &&
+			testutil.ToFloat64(a.metrics.Rebalances.WithLabelValues("assigned"))+testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("assigned"))-
+				testutil.ToFloat64(a.metrics.Rebalances.WithLabelValues("revoked"))-testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("revoked")) == 4
+	})
+	assigned := testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("assigned"))
+	revoked := testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("revoked"))
+
+	// pod-a restarts (a rolling deploy) and comes back with its instance id
+	// within the session timeout.
+	a.stop(t)
+	a2 := startMember(t, b, rec, options(), "pod-a")
+	eventually(t, 20*time.Second, "pod-a back with its partitions", func() bool {
+		return a2.consumer.Ready() && testutil.ToFloat64(a2.metrics.Rebalances.WithLabelValues("assigned")) >= 1
+	})
+	time.Sleep(time.Second)
+	if got := testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("revoked")); got != revoked {
+		t.Errorf("pod-b lost %v partitions during pod-a's restart, want none", got-revoked)
+	}
+	if got := testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("assigned")); got != assigned {
+		t.Errorf("pod-b was assigned %v more partitions during pod-a's restart, want none", got-assigned)
+	}
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

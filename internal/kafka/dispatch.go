@@ -1,0 +1,78 @@
+package kafka
+
+import (
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// message is a record taken off a claim, with the time it was taken.
+type message struct {
+	msg   *sarama.ConsumerMessage
+	taken time.Time
+}
+
+// dispatch hands the claim's messages to the lanes until the claim ends.
+//
+// It never blocks on anything but its inputs, so that it sees the end of the
+// claim (a revocation closes messages) even when every in-flight slot is
+// taken or a lane is stuck retrying: revocation must not wait for an outage
+// to end. Messages wait in a queue per lane until their lane has room and an
+// in-flight slot is free; a lane whose key keeps failing therefore holds back
+// only its own messages. When too many messages wait, fetching of the
+// partition is paused until they drain, which bounds memory.
+func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
+	done := p.sess.Context().Done()
+	queues := make([][]*message, len(p.lanes))
+	waiting, paused, next := 0, false, 0
+	limit := 2 * len(p.lanes) * p.c.opts.BatchMax
+	defer func() {
+		if paused {
+			p.c.group.Resume(map[string][]int32{p.topic: {p.id}})
+		}
+	}()
+
+	for {
+		// A lane that has waiting messages and room in its queue can take
+		// one as soon as an in-flight slot frees up.
+		ready := -1
+		for i := range queues {
+			lane := (next + i) % len(queues)
+			if len(queues[lane]) > 0 && len(p.lanes[lane]) < cap(p.lanes[lane]) {
+				ready = lane
+				break
+			}
+		}
+		var slot chan<- struct{}
+		if ready >= 0 {
+			slot = p.c.tokens
+		}
+
+		select {
+		case m, ok := <-messages:
+			if !ok {
+				return
+			}
+			p.tracker.add(m.Offset)
+			lane := laneOf(m.Key, len(p.lanes))
+			queues[lane] = append(queues[lane], &message{msg: m, taken: time.Now()})
+			if waiting++; waiting >= limit && !paused {
+				p.c.group.Pause(map[string][]int32{p.topic: {p.id}})
+				paused = true
+			}
+		case slot <- struct{}{}:
+			// The only sender on this lane's queue: it has room, so this
+			// send does not block.
+			p.lanes[ready] <- queues[ready][0]
+			queues[ready] = queues[ready][1:]
+			next = ready + 1
+			if waiting--; paused && waiting <= limit/2 {
+				p.c.group.Resume(map[string][]int32{p.topic: {p.id}})
+				paused = false
+			}
+		case <-p.room:
+		case <-done:
+			return
+		}
+	}
+}

@@ -1,0 +1,422 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"example.com/billing/db/migrations"
+	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/postgres"
+)
+
+// open returns a pool on dsn, closed when the test ends.
+func open(t *testing.T, dsn string, maxConns int) *sqlx.DB {
+	t.Helper()
+	db, err := postgres.Open(dsn, maxConns)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// testCtx bounds a test's database calls, so a lock wait cannot hang it.
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// embeddedVersions are the versions of the migration files billing carries.
+func embeddedVersions(t *testing.T) []int64 {
+	t.Helper()
+	files, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no embedded migrations (%v)", err)
+	}
+	var versions []int64
+	for _, f := range files {
+		prefix, _, _ := strings.Cut(f, "_")
+		v, err := strconv.ParseInt(prefix, 10, 64)
+		if err != nil {
+			t.Fatalf("migration %s has no numeric version", f)
+		}
+		versions = append(versions, v)
+	}
+	return versions
+}
+
+// versionRow is one row of goose's tracking table.
+type versionRow struct {
+	ID        int64     `db:"id"`
+	VersionID int64     `db:"version_id"`
+	IsApplied bool      `db:"is_applied"`
+	Tstamp    time.Time `db:"tstamp"`
+}
+
+func versionRows(t *testing.T, db *sqlx.DB) []versionRow {
+	t.Helper()
+	var rows []versionRow
+	if err := db.SelectContext(testCtx(t), &rows, `SELECT id, version_id, is_applied, tstamp FROM goose_db_version ORDER BY id`); err != nil {
+		t.Fatalf("read goose_db_version: %v", err)
+	}
+	return rows
+}
+
+// checkAppliedOnce asserts one applied row per embedded version.
+func checkAppliedOnce(t *testing.T, db *sqlx.DB) {
+	t.Helper()
+	perVersion := map[int64]int{}
+	for _, r := range versionRows(t, db) {
+		if r.VersionID > 0 && r.IsApplied {
+			perVersion[r.VersionID]++
+		}
+	}
+	want := map[int64]int{}
+	for _, v := range embeddedVersions(t) {
+		want[v] = 1
+	}
+	if !maps.Equal(perVersion, want) {
+		t.Errorf("applied rows per version = %v, want %v", perVersion, want)
+	}
+	for _, table := range []string{"processed_event", "charge"} {
+		var exists bool
+		if err := db.GetContext(testCtx(t), &exists, `SELECT to_regclass($1) IS NOT NULL`, table); err != nil || !exists {
+			t.Errorf("table %s missing after Migrate (err %v)", table, err)
+		}
+	}
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+
+	t.Run("OK_SecondRunIsNoop", func(t *testing.T) {
+		t.Parallel()
+		db := open(t, dbtest.Empty(t), 2)
+		if err := postgres.Migrate(testCtx(t), db.DB, discard()); err != nil {
+			t.Fatalf("first Migrate: %v", err)
+		}
+		checkAppliedOnce(t, db)
+		before := versionRows(t, db)
+
+		if err := postgres.Migrate(testCtx(t), db.DB, discard()); err != nil {
+			t.Fatalf("second Migrate: %v", err)
+		}
+		if after := versionRows(t, db); !slices.Equal(after, before) {
+			t.Errorf("second Migrate changed goose_db_version:\nbefore %+v\n after %+v", before, after)
+		}
+	})
+
+	t.Run("OK_SixConcurrentRuns", func(t *testing.T) {
+		t.Parallel()
+		dsn := dbtest.Empty(t)
+		const runs = 6
+		// One pool per run, as six pods would have.
+		pools := make([]*sqlx.DB, runs)
+		for i := range pools {
+			pools[i] = open(t, dsn, 2)
+		}
+		start := make(chan struct{})
+		errs := make([]error, runs)
+		var wg sync.WaitGroup
+		for i, db := range pools {
+			wg.Go(func() {
+				<-start
+				errs[i] = postgres.Migrate(testCtx(t), db.DB, discard())
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("Migrate run %d: %v", i, err)
+			}
+		}
+		checkAppliedOnce(t, pools[0])
+	})
+}
+
+// newTable creates a table in a fresh database and returns a pool on it.
+func newTable(t *testing.T, ddl string) *sqlx.DB {
+	t.Helper()
+	db := open(t, dbtest.Empty(t), 4)
+	if _, err := db.ExecContext(testCtx(t), ddl); err != nil {
+		t.Fatalf("create table: %v", err)
+	}
+	return db
+}
+
+func count(t *testing.T, db *sqlx.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.GetContext(testCtx(t), &n, q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+func TestInTx(t *testing.T) {
+	t.Parallel()
+
+	t.Run("OK_CommitsOnNil", func(t *testing.T) {
+		t.Parallel()
+		db := newTable(t, `CREATE TABLE item (id int PRIMARY KEY)`)
+		err := postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
+			_, err := tx.ExecContext(testCtx(t), `INSERT INTO item VALUES (1), (2)`)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("InTx: %v", err)
+		}
+		if n := count(t, db, `SELECT count(*) FROM item`); n != 2 {
+			t.Errorf("%d rows after commit, want 2", n)
+		}
+		if n := db.Stats().InUse; n != 0 {
+			t.Errorf("%d connections still in use after InTx", n)
+		}
+	})
+
+	t.Run("ErrRollsBackAndReturnsFnError", func(t *testing.T) {
+		t.Parallel()
+		db := newTable(t, `CREATE TABLE item (id int PRIMARY KEY)`)
+		errBusiness := errors.New("business rule failed")
+		err := postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
+			if _, err := tx.ExecContext(testCtx(t), `INSERT INTO item VALUES (1)`); err != nil {
+				return err
+			}
+			return fmt.Errorf("charge: %w", errBusiness)
+		})
+		if !errors.Is(err, errBusiness) {
+			t.Fatalf("InTx = %v, want fn's error", err)
+		}
+		if n := count(t, db, `SELECT count(*) FROM item`); n != 0 {
+			t.Errorf("%d rows after fn failed, want 0 (rolled back)", n)
+		}
+		if n := db.Stats().InUse; n != 0 {
+			t.Errorf("%d connections still in use after InTx", n)
+		}
+	})
+
+	t.Run("ErrPanicRollsBack", func(t *testing.T) {
+		t.Parallel()
+		db := newTable(t, `CREATE TABLE item (id int PRIMARY KEY)`)
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Error("InTx swallowed fn's panic")
+				}
+			}()
+			_ = postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
+				if _, err := tx.ExecContext(testCtx(t), `INSERT INTO item VALUES (1)`); err != nil {
+					t.Errorf("insert: %v", err)
+				}
+				panic("boom")
+			})
+		}()
+		if n := count(t, db, `SELECT count(*) FROM item`); n != 0 {
+			t.Errorf("%d rows after fn panicked, want 0 (rolled back)", n)
+		}
+	})
+
+	// A commit can fail after fn succeeded: a deferred constraint, a
+	// serialization failure, a connection lost at COMMIT. The caller must
+	// learn about it, or it would mark an offset for a charge never stored.
+	t.Run("ErrCommitFailureReturned", func(t *testing.T) {
+		t.Parallel()
+		db := newTable(t, `CREATE TABLE item (id int PRIMARY KEY, code int NOT NULL,
+			CONSTRAINT item_code_unique UNIQUE (code) DEFERRABLE INITIALLY DEFERRED)`)
+		fnDone := false
+		err := postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
+			// Both inserts succeed: the check waits for COMMIT.
+			_, err := tx.ExecContext(testCtx(t), `INSERT INTO item VALUES (1, 7), (2, 7)`)
+			fnDone = err == nil
+			return err
+		})
+		if !fnDone {
+			t.Fatal("fn failed before commit; the test needs the violation at commit")
+		}
+		if err == nil {
+			t.Fatal("InTx = nil, want the commit error")
+		}
+		var pqErr *pq.Error
+		if !errors.As(err, &pqErr) || pqErr.Code != "23505" || pqErr.Constraint != "item_code_unique" {
+			t.Errorf("InTx = %v, want the unique violation of item_code_unique at commit", err)
+		}
+		if n := count(t, db, `SELECT count(*) FROM item`); n != 0 {
+			t.Errorf("%d rows after a failed commit, want 0", n)
+		}
+	})
+
+	t.Run("OK_ReadCommittedDespiteSerializableDefault", func(t *testing.T) {
+		t.Parallel()
+		dsn := dbtest.Empty(t)
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.TrimPrefix(u.Path, "/")
+		admin := open(t, dsn, 1)
+		if _, err := admin.ExecContext(testCtx(t), `ALTER DATABASE `+pq.QuoteIdentifier(name)+` SET default_transaction_isolation = 'serializable'`); err != nil {
+			t.Fatalf("alter database: %v", err)
+		}
+		admin.Close()
+
+		db := open(t, dsn, 2) // new sessions pick the database default up
+		var def string
+		if err := db.GetContext(testCtx(t), &def, `SHOW default_transaction_isolation`); err != nil || def != "serializable" {
+			t.Fatalf("default_transaction_isolation = %q (err %v); the test setup did not take", def, err)
+		}
+		var level string
+		err = postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
+			return tx.GetContext(testCtx(t), &level, `SHOW transaction_isolation`)
+		})
+		if err != nil {
+			t.Fatalf("InTx: %v", err)
+		}
+		if level != "read committed" {
+			t.Errorf("InTx runs in %q, want read committed", level)
+		}
+	})
+}
+
+func TestRedact(t *testing.T) {
+	t.Parallel()
+	const secret = "S3cr3t-Pw"
+	tests := []struct {
+		name string
+		dsn  string
+		keep []string // what an operator needs to see
+	}{
+		{"OK_URL", "postgres://billing:" + secret + "@db.internal:5432/billing?sslmode=require", []string{"postgres://billing:", "@db.internal:5432/billing", "sslmode=require"}},
+		{"OK_URLPostgresqlScheme", "postgresql://billing:" + secret + "@db/billing", []string{"postgresql://billing:", "@db/billing"}},
+		{"OK_URLEscapedPassword", "postgres://billing:" + secret + "%40x@db/billing", []string{"@db/billing"}},
+		{"OK_URLQueryPassword", "postgres://billing@db.internal/billing?password=" + secret + "&sslmode=require", []string{"billing@db.internal/billing", "sslmode=require", "password="}},
+		{"OK_URLBothPasswords", "postgres://billing:" + secret + "@db/billing?password=" + secret, []string{"@db/billing"}},
+		{"OK_KeyValue", "host=db.internal password=" + secret + " dbname=billing", []string{"host=db.internal", "dbname=billing", "password="}},
+		{"OK_KeyValuePasswordFirst", "password=" + secret + " host=db.internal", []string{"host=db.internal"}},
+		{"OK_KeyValuePasswordLast", "host=db.internal password=" + secret, []string{"host=db.internal"}},
+		{"OK_KeyValueSpaces", "host=db.internal password = " + secret + " dbname=billing", []string{"host=db.internal", "dbname=billing"}},
+		{"OK_KeyValueQuoted", "host=db.internal password='" + secret + " with space' dbname=billing", []string{"host=db.internal", "dbname=billing"}},
+		{"OK_KeyValueQuotedEscape", `host=db.internal password='` + secret + `\' x' dbname=billing`, []string{"host=db.internal", "dbname=billing"}},
+		// url.Parse rejects these, and the parser's message quotes them.
+		{"OK_URLBadPort", "postgres://billing:" + secret + "@db:port/billing", []string{"@db:port/billing"}},
+		{"OK_URLBadEscape", "postgres://billing:" + secret + "@db/%zz", []string{"@db/%zz"}},
+		{"OK_ParserMessage", `parse "postgres://billing:` + secret + `@db:port/billing": invalid port ":port" after host`, []string{"@db:port/billing", "invalid port"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := postgres.Redact(tt.dsn)
+			if strings.Contains(got, secret) {
+				t.Errorf("Redact(%q) = %q reveals the password", tt.dsn, got)
+			}
+			for _, k := range tt.keep {
+				if !strings.Contains(got, k) {
+					t.Errorf("Redact(%q) = %q lost %q", tt.dsn, got, k)
+				}
+			}
+		})
+	}
+
+	unchanged := []struct{ name, dsn string }{
+		{"OK_URLWithoutPasswordUnchanged", "postgres://billing@db.internal:5432/billing?sslmode=disable"},
+		{"OK_KeyValueWithoutPasswordUnchanged", "host=db.internal user=billing dbname=billing"},
+	}
+	for _, tt := range unchanged {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := postgres.Redact(tt.dsn); got != tt.dsn {
+				t.Errorf("Redact(%q) = %q, want it unchanged", tt.dsn, got)
+			}
+		})
+	}
+}
+
+// closedPort returns a local TCP port nothing listens on.
+func closedPort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	return port
+}
+
+// withURL returns the test server's URL changed by edit.
+func withURL(t *testing.T, edit func(u *url.URL)) string {
+	t.Helper()
+	u, err := url.Parse(dbtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(u)
+	return u.String()
+}
+
+func TestIsConfigError(t *testing.T) {
+	t.Parallel()
+	ping := func(t *testing.T, dsn string) error {
+		t.Helper()
+		db := open(t, dsn, 1)
+		err := db.PingContext(testCtx(t))
+		if err == nil {
+			t.Fatalf("ping %s succeeded, want an error", postgres.Redact(dsn))
+		}
+		return err
+	}
+	tests := []struct {
+		name string
+		err  func(t *testing.T) error
+		want bool
+	}{
+		{"OK_UnknownDatabase", func(t *testing.T) error {
+			return ping(t, withURL(t, func(u *url.URL) { u.Path = "/billing_no_such_database" }))
+		}, true},
+		{"OK_UnknownRole", func(t *testing.T) error {
+			return ping(t, withURL(t, func(u *url.URL) { u.User = url.User("billing_no_such_role") }))
+		}, true},
+		{"OK_WrappedUnknownDatabase", func(t *testing.T) error {
+			return fmt.Errorf("ping: %w", ping(t, withURL(t, func(u *url.URL) { u.Path = "/billing_no_such_database" })))
+		}, true},
+		{"OK_ClosedPortIsNot", func(t *testing.T) error {
+			return ping(t, withURL(t, func(u *url.URL) { u.Host = "127.0.0.1:" + strconv.Itoa(closedPort(t)) }))
+		}, false},
+		{"OK_SQLErrorIsNot", func(t *testing.T) error {
+			db := open(t, dbtest.ServerURL(), 1)
+			_, err := db.ExecContext(testCtx(t), `SELEC 1`)
+			return err
+		}, false},
+		{"OK_CanceledIsNot", func(t *testing.T) error { return context.Canceled }, false},
+		{"OK_NilIsNot", func(t *testing.T) error { return nil }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := tt.err(t)
+			if got := postgres.IsConfigError(err); got != tt.want {
+				t.Errorf("IsConfigError(%v) = %v, want %v", err, got, tt.want)
+			}
+		})
+	}
+}
