@@ -26,6 +26,7 @@ import (
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/server"
+	"example.com/billing/internal/tracing"
 )
 
 // serve runs the consumer and the HTTP server until ctx is done, then
@@ -40,6 +41,19 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	}
 	log := newLogger(logw, cfg.LogLevel)
 	log.Info("billing starting", "version", version, "config", cfg)
+
+	// --- Tracing: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set.
+	tp, stopTracing, err := tracing.NewProvider(ctx, environ, version)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(ctx); err != nil {
+			log.Warn("flush traces", "err", err)
+		}
+	}()
 
 	// --- Metrics: a registry of our own, never the global one.
 	reg := prometheus.NewRegistry()
@@ -105,11 +119,12 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 		BaseURL:  cfg.Payment.BaseURL,
 		APIKey:   cfg.Payment.APIKey,
 		Timeout:  cfg.Payment.Timeout,
-		MaxConns: cfg.Consumer.MaxInFlight,
+		MaxConns:       cfg.Consumer.MaxInFlight,
+		TracerProvider: tp,
 	}, m)
 	defer payer.Close()
 	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew}
-	proc := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, log)
+	proc := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
 	c, err := kafka.NewConsumer(client, proc, dlq, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
 		Group:              cfg.Kafka.GroupID,
@@ -118,7 +133,7 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 		MaxInFlight:        cfg.Consumer.MaxInFlight,
 		DrainTimeout:       cfg.Consumer.DrainTimeout,
 		CommitEveryMessage: cfg.Consumer.CommitEveryMessage,
-	}, m, log)
+	}, m, tp, log)
 	if err != nil {
 		return fmt.Errorf("consumer group: %w", err)
 	}

@@ -17,6 +17,10 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/metrics"
@@ -79,6 +83,8 @@ type Result struct {
 	Code    string      // for Parked: one of the Code constants
 	Detail  string      // for Parked: the rule that failed, for a human
 	Event   order.Event // the decoded event; zero when it did not decode
+
+	trace trace.SpanContext
 }
 
 // Reason is the dead-letter reason, "<code>: <detail>".
@@ -100,6 +106,14 @@ type Horizon struct {
 	MaxFutureSkew time.Duration
 }
 
+// Message is one consumed message to settle.
+type Message struct {
+	Value []byte
+	// Trace is the span of the message's processing; the transaction and
+	// payment spans hang below it.
+	Trace trace.SpanContext
+}
+
 // Processor turns Kafka message values into charges.
 type Processor struct {
 	db      *sqlx.DB
@@ -107,32 +121,35 @@ type Processor struct {
 	payer   Payer
 	horizon Horizon
 	metrics *metrics.Metrics
+	tracer  trace.Tracer
 	log     *slog.Logger
 	now     func() time.Time
 }
 
 // NewProcessor returns a Processor that records in db, deduplicates with
 // store, charges through payer and parks events outside horizon.
-func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, log *slog.Logger) *Processor {
-	return &Processor{db: db, dedup: store, payer: payer, horizon: horizon, metrics: m, log: log, now: time.Now}
+func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *Processor {
+	return &Processor{db: db, dedup: store, payer: payer, horizon: horizon, metrics: m,
+		tracer: tp.Tracer("example.com/billing/internal/billing"), log: log, now: time.Now}
 }
 
-// Process handles the values of consecutive messages of one lane, in order,
-// and returns one Result for each.
+// Process handles consecutive messages of one lane, in order, and returns
+// one Result for each.
 //
 // Valid events are settled together in one transaction. When it fails for a
 // reason outside the events (database, provider outage), every valid event is
 // left Pending and the error says why: the caller retries them later, and the
 // provider deduplicates any charge that was made before the rollback. Invalid
 // events are Parked whatever happens to the others.
-func (p *Processor) Process(ctx context.Context, values [][]byte) ([]Result, error) {
-	results := make([]Result, len(values))
-	valid := make([]int, 0, len(values))
+func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, error) {
+	results := make([]Result, len(msgs))
+	valid := make([]int, 0, len(msgs))
 	now := p.now()
-	for i, v := range values {
-		ev, err := order.Parse(v)
+	for i, m := range msgs {
+		results[i].trace = m.Trace
+		ev, err := order.Parse(m.Value)
 		if err != nil {
-			results[i] = Result{Outcome: Parked, Code: CodeInvalidEvent, Detail: err.Error()}
+			results[i].Outcome, results[i].Code, results[i].Detail = Parked, CodeInvalidEvent, err.Error()
 			continue
 		}
 		results[i].Event = ev
@@ -200,17 +217,29 @@ func (p *Processor) ensurePartitions(ctx context.Context, results []Result, idx 
 // Parked and ErrRejected returned.
 func (p *Processor) settle(ctx context.Context, results []Result, idx []int) error {
 	events := make([]order.Event, len(idx))
+	traces := make([]trace.SpanContext, len(idx))
+	links := make([]trace.Link, 0, len(idx))
 	for n, i := range idx {
-		events[n] = results[i].Event
+		events[n], traces[n] = results[i].Event, results[i].trace
+		links = append(links, trace.Link{SpanContext: results[i].trace})
 	}
+	// One transaction settles the whole group: its span hangs below the
+	// first message's and links to all of them.
+	ctx, span := p.tracer.Start(trace.ContextWithSpanContext(ctx, traces[0]), "billing settle",
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
+		trace.WithAttributes(semconv.DBSystemNamePostgreSQL, attribute.Int("billing.events", len(idx))))
+	defer span.End()
+
 	var outcomes []Outcome
 	var details []string
 	err := postgres.InTx(ctx, p.db, func(tx *sqlx.Tx) error {
 		var err error
-		outcomes, details, err = p.claimAndCharge(ctx, tx, events)
+		outcomes, details, err = p.claimAndCharge(ctx, tx, events, traces)
 		return err
 	})
 	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "rolled back")
 		if errors.Is(err, payment.ErrRejected) && len(idx) == 1 {
 			results[idx[0]].Outcome = Parked
 			results[idx[0]].Code = CodeProviderRejected
@@ -231,7 +260,7 @@ func (p *Processor) settle(ctx context.Context, results []Result, idx []int) err
 // claimAndCharge claims the events in the dedup store and charges those seen
 // for the first time, all inside tx. An event whose id was processed with
 // another payload is Parked, with a detail for the dead-letter reason.
-func (p *Processor) claimAndCharge(ctx context.Context, tx *sqlx.Tx, events []order.Event) ([]Outcome, []string, error) {
+func (p *Processor) claimAndCharge(ctx context.Context, tx *sqlx.Tx, events []order.Event, traces []trace.SpanContext) ([]Outcome, []string, error) {
 	entries := make([]dedup.Entry, len(events))
 	for i, ev := range events {
 		entries[i] = dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()}
@@ -243,6 +272,7 @@ func (p *Processor) claimAndCharge(ctx context.Context, tx *sqlx.Tx, events []or
 	outcomes := make([]Outcome, len(events))
 	details := make([]string, len(events))
 	var fresh []order.Event
+	var freshTraces []trace.SpanContext
 	var freshAt []int
 	for i, v := range verdicts {
 		switch v {
@@ -253,13 +283,14 @@ func (p *Processor) claimAndCharge(ctx context.Context, tx *sqlx.Tx, events []or
 			details[i] = fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip", events[i].ID, entries[i].Fingerprint[:8])
 		default:
 			fresh = append(fresh, events[i])
+			freshTraces = append(freshTraces, traces[i])
 			freshAt = append(freshAt, i)
 		}
 	}
 	if len(fresh) == 0 {
 		return outcomes, details, nil
 	}
-	charged, err := ChargeOrders(ctx, tx, p.payer, fresh)
+	charged, err := chargeOrders(ctx, tx, p.payer, fresh, freshTraces)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/dbtest"
@@ -42,7 +43,7 @@ func newFixture(t *testing.T, opts fakepsp.Options) *fixture {
 	t.Cleanup(payer.Close)
 	horizon := billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &fixture{db: db, psp: psp, proc: billing.NewProcessor(db, dedup.NewStore("test-group"), payer, horizon, m, log)}
+	return &fixture{db: db, psp: psp, proc: billing.NewProcessor(db, dedup.NewStore("test-group"), payer, horizon, m, noop.NewTracerProvider(), log)}
 }
 
 func (f *fixture) count(t *testing.T, q string, args ...any) int {
@@ -72,9 +73,17 @@ func marshal(t *testing.T, ev order.Event) []byte {
 	return b
 }
 
+func messages(values ...[]byte) []billing.Message {
+	msgs := make([]billing.Message, len(values))
+	for i, v := range values {
+		msgs[i].Value = v
+	}
+	return msgs
+}
+
 func process(t *testing.T, p *billing.Processor, values ...[]byte) []billing.Result {
 	t.Helper()
-	res, err := p.Process(context.Background(), values)
+	res, err := p.Process(context.Background(), messages(values...))
 	if err != nil {
 		t.Fatalf("Process: %v", err)
 	}
@@ -92,7 +101,7 @@ func TestProcess_SameEventRacingFromManyConsumersIsChargedOnce(t *testing.T) {
 	for i := range racers {
 		wg.Go(func() {
 			<-start
-			res, err := f.proc.Process(context.Background(), [][]byte{value})
+			res, err := f.proc.Process(context.Background(), messages(value))
 			if err != nil {
 				t.Errorf("racer %d: %v", i, err)
 				return
@@ -137,7 +146,7 @@ func TestProcess_DifferentEventsForOneOrderRacingChargeItOnce(t *testing.T) {
 	for i := range racers {
 		wg.Go(func() {
 			<-start
-			res, err := f.proc.Process(context.Background(), values[i:i+1])
+			res, err := f.proc.Process(context.Background(), messages(values[i]))
 			if err != nil {
 				t.Errorf("racer %d: %v", i, err)
 				return
@@ -213,7 +222,7 @@ func TestProcess_OutageLeavesEventsPendingAndUnrecorded(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{FailRate: 1})
 	_, a := newEvent(t, 1, time.Now())
 	_, b := newEvent(t, 2, time.Now())
-	res, err := f.proc.Process(context.Background(), [][]byte{a, []byte("{"), b})
+	res, err := f.proc.Process(context.Background(), messages(a, []byte("{"), b))
 	var te *payment.TransientError
 	if !errors.As(err, &te) {
 		t.Fatalf("err = %v, want a *payment.TransientError", err)
@@ -239,7 +248,7 @@ func TestProcess_DatabaseDownIsPendingNotParked(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	_, a := newEvent(t, 1, time.Now())
 	f.db.Close()
-	res, err := f.proc.Process(context.Background(), [][]byte{a})
+	res, err := f.proc.Process(context.Background(), messages(a))
 	if err == nil || res[0].Outcome != billing.Pending {
 		t.Fatalf("Process on a closed database = %v, %v; want pending and an error", res[0].Outcome, err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/payment"
@@ -20,7 +21,7 @@ import (
 // a hash only wait for each other.
 const orderLockSpace = 0x62696c6c
 
-// ChargeOrders charges events, which the caller has just claimed in tx, and
+// chargeOrders charges events, which the caller has just claimed in tx, and
 // records each outcome in the charge table inside tx. It returns one outcome
 // per event: Charged, Declined, or AlreadyCharged for an order that already
 // has a succeeded charge.
@@ -32,9 +33,10 @@ const orderLockSpace = 0x62696c6c
 // order, so that two batches sharing orders cannot deadlock.
 //
 // Provider calls for different orders run concurrently; events of one order
-// are charged in their order. On any provider error the function returns it
-// (wrapping payment.ErrRejected, or transient) and the caller must roll back.
-func ChargeOrders(ctx context.Context, tx *sqlx.Tx, payer Payer, events []order.Event) ([]Outcome, error) {
+// are charged in their order. Each provider call is traced below its event's
+// span (traces[i]). On any provider error the function returns it (wrapping
+// payment.ErrRejected, or transient) and the caller must roll back.
+func chargeOrders(ctx context.Context, tx *sqlx.Tx, payer Payer, events []order.Event, traces []trace.SpanContext) ([]Outcome, error) {
 	orderIDs := make([]int64, 0, len(events))
 	for _, ev := range events {
 		orderIDs = append(orderIDs, ev.OrderID)
@@ -67,7 +69,7 @@ func ChargeOrders(ctx context.Context, tx *sqlx.Tx, payer Payer, events []order.
 					outcomes[i] = AlreadyCharged
 					continue
 				}
-				ch, err := payer.Charge(ctx, payment.Request{
+				ch, err := payer.Charge(trace.ContextWithSpanContext(ctx, traces[i]), payment.Request{
 					IdempotencyKey: ev.ID.String(),
 					OrderID:        ev.OrderID,
 					CustomerID:     ev.CustomerID,

@@ -14,6 +14,10 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/cenkalti/backoff/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/metrics"
@@ -23,7 +27,7 @@ import (
 // Processor settles the values of consecutive messages of one lane and says
 // what became of each (billing.Processor).
 type Processor interface {
-	Process(ctx context.Context, values [][]byte) ([]billing.Result, error)
+	Process(ctx context.Context, msgs []billing.Message) ([]billing.Result, error)
 }
 
 // Options tune a Consumer.
@@ -55,6 +59,7 @@ type Consumer struct {
 	dlq     *DLQ
 	opts    Options
 	metrics *metrics.Metrics
+	tracer  trace.Tracer
 	log     *slog.Logger
 
 	tokens chan struct{} // one per message in flight
@@ -65,7 +70,7 @@ type Consumer struct {
 }
 
 // NewConsumer joins group opts.Group through client when Run is called.
-func NewConsumer(client sarama.Client, proc Processor, dlq *DLQ, opts Options, m *metrics.Metrics, log *slog.Logger) (*Consumer, error) {
+func NewConsumer(client sarama.Client, proc Processor, dlq *DLQ, opts Options, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) (*Consumer, error) {
 	group, err := sarama.NewConsumerGroupFromClient(opts.Group, client)
 	if err != nil {
 		return nil, err
@@ -77,6 +82,7 @@ func NewConsumer(client sarama.Client, proc Processor, dlq *DLQ, opts Options, m
 		dlq:     dlq,
 		opts:    opts,
 		metrics: m,
+		tracer:  tp.Tracer("example.com/billing/internal/kafka"),
 		log:     log,
 		tokens:  make(chan struct{}, opts.MaxInFlight),
 		owned:   make(map[int32]*partition),
@@ -281,11 +287,11 @@ func (p *partition) handle(batch []*message) {
 			p.abandon(pending)
 			return
 		}
-		values := make([][]byte, len(pending))
+		msgs := make([]billing.Message, len(pending))
 		for i, m := range pending {
-			values[i] = m.msg.Value
+			msgs[i] = billing.Message{Value: m.msg.Value, Trace: m.span.SpanContext()}
 		}
-		results, err := p.c.proc.Process(p.work, values)
+		results, err := p.c.proc.Process(p.work, msgs)
 
 		failed := cause(err)
 		var again []*message
@@ -320,8 +326,8 @@ func (p *partition) handle(batch []*message) {
 		}
 		p.c.metrics.Retries.WithLabelValues(failed).Inc()
 		p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
-			"offset", again[0].msg.Offset, "messages", len(again), "attempt", attempt,
-			"retry_in", wait, "err", err)
+			"offset", again[0].msg.Offset, "trace_id", traceID(again[0].span), "messages", len(again),
+			"attempt", attempt, "retry_in", wait, "err", err)
 		if !p.wait(wait, len(again)) {
 			p.abandon(again)
 			return
@@ -350,17 +356,25 @@ func (p *partition) finish(m *message, r billing.Result) {
 	now := time.Now()
 	p.c.metrics.Events.WithLabelValues(r.Outcome.String()).Inc()
 	p.c.metrics.Processing.Observe(now.Sub(m.taken).Seconds())
-	attrs := []any{"topic", p.topic, "partition", p.id, "offset", m.msg.Offset, "outcome", r.Outcome.String()}
 	if !r.Event.OccurredAt.IsZero() {
 		p.c.metrics.EndToEnd.Observe(now.Sub(r.Event.OccurredAt).Seconds())
-		attrs = append(attrs, "event_id", r.Event.ID.String())
 	}
 	if r.Outcome == billing.Parked {
 		p.c.metrics.DLQ.WithLabelValues(r.Code).Inc()
-		p.c.log.Warn("message parked in dead-letter topic", append(attrs, "reason", r.Reason())...)
-	} else {
-		p.c.log.Debug("message processed", attrs...)
+		p.c.log.Warn("message parked in dead-letter topic", append(p.attrs(m, r), "reason", r.Reason())...)
+	} else if p.c.log.Enabled(p.work, slog.LevelDebug) { // the attributes cost allocations per event
+		p.c.log.Debug("message processed", p.attrs(m, r)...)
 	}
+
+	if r.Event.OccurredAt.IsZero() {
+		m.span.SetAttributes(attribute.String("billing.outcome", r.Outcome.String()))
+	} else {
+		m.span.SetAttributes(semconv.MessagingMessageID(r.Event.ID.String()), attribute.String("billing.outcome", r.Outcome.String()))
+	}
+	if r.Outcome == billing.Parked {
+		m.span.SetStatus(codes.Error, r.Reason())
+	}
+	m.span.End()
 
 	if next, ok := p.tracker.finish(m.msg.Offset); ok {
 		p.sess.MarkOffset(p.topic, p.id, next, "")
@@ -371,12 +385,31 @@ func (p *partition) finish(m *message, r billing.Result) {
 	<-p.c.tokens
 }
 
+// attrs are the log attributes of a message: where it is and what it was.
+func (p *partition) attrs(m *message, r billing.Result) []any {
+	a := []any{"topic", p.topic, "partition", p.id, "offset", m.msg.Offset, "trace_id", traceID(m.span), "outcome", r.Outcome.String()}
+	if !r.Event.OccurredAt.IsZero() {
+		a = append(a, "event_id", r.Event.ID.String())
+	}
+	return a
+}
+
 // abandon gives up messages when the claim ends: they are not marked, so the
 // partition's next owner gets them again.
 func (p *partition) abandon(ms []*message) {
-	for range ms {
+	for _, m := range ms {
+		m.span.SetStatus(codes.Error, "abandoned: the partition was released; its next owner processes it")
+		m.span.End()
 		<-p.c.tokens
 	}
+}
+
+// traceID is the trace id of a message's span, "" when it has none.
+func traceID(span trace.Span) string {
+	if sc := span.SpanContext(); sc.HasTraceID() {
+		return sc.TraceID().String()
+	}
+	return ""
 }
 
 // cause names what an attempt failed on, for the retries metric.

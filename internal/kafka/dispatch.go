@@ -1,15 +1,21 @@
 package kafka
 
 import (
+	"context"
 	"time"
 
 	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel/trace"
+
+	"example.com/billing/internal/tracing"
 )
 
-// message is a record taken off a claim, with the time it was taken.
+// message is a record taken off a claim, with the time it was taken and the
+// span of its processing.
 type message struct {
 	msg   *sarama.ConsumerMessage
 	taken time.Time
+	span  trace.Span
 }
 
 // dispatch hands the claim's messages to the lanes until the claim ends.
@@ -55,7 +61,7 @@ func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
 			}
 			p.tracker.add(m.Offset)
 			lane := laneOf(m.Key, len(p.lanes))
-			queues[lane] = append(queues[lane], &message{msg: m, taken: time.Now()})
+			queues[lane] = append(queues[lane], p.take(m))
 			if waiting++; waiting >= limit && !paused {
 				p.c.group.Pause(map[string][]int32{p.topic: {p.id}})
 				paused = true
@@ -75,4 +81,21 @@ func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
 			return
 		}
 	}
+}
+
+// take starts the processing span of m: a consumer span below the
+// producer's, whose trace context travels in the record's headers.
+func (p *partition) take(m *sarama.ConsumerMessage) *message {
+	parent := tracing.Propagator().Extract(context.Background(), consumerHeaders(m.Headers))
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(messageAttributes(m, p.c.opts.Group)...),
+	}
+	if trace.SpanContextFromContext(parent).IsValid() {
+		// Child of the producer's span and linked to it, as the messaging
+		// conventions describe for a message processed on its own.
+		opts = append(opts, trace.WithLinks(trace.LinkFromContext(parent)))
+	}
+	_, span := p.c.tracer.Start(parent, p.topic+" process", opts...)
+	return &message{msg: m, taken: time.Now(), span: span}
 }

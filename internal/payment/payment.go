@@ -20,7 +20,12 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/tracing"
 )
 
 // Request is one charge.
@@ -68,6 +73,9 @@ type Config struct {
 	// of charges in flight so that keep-alive connections are reused instead
 	// of a TLS handshake per charge.
 	MaxConns int
+	// TracerProvider traces each call as a client span; nil traces nothing.
+	// Either way the request carries the caller's traceparent onward.
+	TracerProvider trace.TracerProvider
 }
 
 // Client calls the provider's charges API.
@@ -85,12 +93,18 @@ func New(cfg Config, m *metrics.Metrics) *Client {
 	transport.MaxIdleConns = cfg.MaxConns
 	transport.MaxIdleConnsPerHost = cfg.MaxConns
 	transport.MaxConnsPerHost = cfg.MaxConns
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
 	return &Client{
 		url:     strings.TrimRight(cfg.BaseURL, "/") + "/v1/charges",
 		apiKey:  cfg.APIKey,
 		timeout: cfg.Timeout,
 		http: &http.Client{
-			Transport: transport,
+			Transport: otelhttp.NewTransport(transport,
+				otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(tracing.Propagator()),
+				otelhttp.WithSpanNameFormatter(func(string, *http.Request) string { return "payment charge" })),
 			// A redirect would turn the POST into a GET on another URL:
 			// answer with the 3xx instead, a misconfiguration to retry.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/url"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -23,12 +24,24 @@ import (
 
 // Open validates dsn, opens a pool of at most maxConns connections and
 // returns it without waiting for the server: an unreachable database is an
-// outage to wait out, not a configuration error (see Ping).
+// outage to wait out, not a configuration error.
+//
+// Unless dsn says otherwise, parameters are sent with binary_parameters=yes:
+// lib/pq then sends a parameterised statement in one round trip instead of
+// two (it need not ask the server for the parameter types first), which
+// nearly halves the round trips of an event's transaction.
 func Open(dsn string, maxConns int) (*sqlx.DB, error) {
-	connector, err := pq.NewConnector(dsn)
+	cfg, err := pq.NewConfig(dsn)
 	if err != nil {
 		// The parser's message can quote the URL, password and all.
 		return nil, fmt.Errorf("parse database url: %s", Redact(err.Error()))
+	}
+	if !strings.Contains(dsn, "binary_parameters") {
+		cfg.BinaryParameters = true
+	}
+	connector, err := pq.NewConnectorConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database connector: %w", err)
 	}
 	db := sqlx.NewDb(sql.OpenDB(connector), "postgres")
 	db.SetMaxOpenConns(maxConns)

@@ -1,0 +1,75 @@
+package kafka
+
+import (
+	"strconv"
+
+	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+)
+
+// consumerHeaders reads trace context from a consumed record's headers.
+type consumerHeaders []*sarama.RecordHeader
+
+func (h consumerHeaders) Get(key string) string {
+	for _, r := range h {
+		if r != nil && string(r.Key) == key {
+			return string(r.Value)
+		}
+	}
+	return ""
+}
+
+func (consumerHeaders) Set(string, string) {}
+
+func (h consumerHeaders) Keys() []string {
+	keys := make([]string, 0, len(h))
+	for _, r := range h {
+		if r != nil {
+			keys = append(keys, string(r.Key))
+		}
+	}
+	return keys
+}
+
+// ProducerHeaders writes trace context into a record about to be produced.
+type ProducerHeaders struct{ Msg *sarama.ProducerMessage }
+
+// Get implements propagation.TextMapCarrier.
+func (h ProducerHeaders) Get(key string) string {
+	for _, r := range h.Msg.Headers {
+		if string(r.Key) == key {
+			return string(r.Value)
+		}
+	}
+	return ""
+}
+
+// Set implements propagation.TextMapCarrier.
+func (h ProducerHeaders) Set(key, value string) {
+	h.Msg.Headers = append(h.Msg.Headers, sarama.RecordHeader{Key: []byte(key), Value: []byte(value)})
+}
+
+// Keys implements propagation.TextMapCarrier.
+func (h ProducerHeaders) Keys() []string {
+	keys := make([]string, len(h.Msg.Headers))
+	for i, r := range h.Msg.Headers {
+		keys[i] = string(r.Key)
+	}
+	return keys
+}
+
+// messageAttributes are the OpenTelemetry messaging attributes of a
+// consumed record.
+func messageAttributes(m *sarama.ConsumerMessage, group string) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		semconv.MessagingSystemKafka,
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"),
+		semconv.MessagingDestinationName(m.Topic),
+		semconv.MessagingDestinationPartitionID(strconv.FormatInt(int64(m.Partition), 10)),
+		semconv.MessagingKafkaOffset(int(m.Offset)),
+		semconv.MessagingConsumerGroupName(group),
+		semconv.MessagingMessageBodySize(len(m.Value)),
+	}
+}
