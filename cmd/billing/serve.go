@@ -116,9 +116,9 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 
 	// --- The pipeline: payment client, processor, consumer.
 	payer := payment.New(payment.Config{
-		BaseURL:  cfg.Payment.BaseURL,
-		APIKey:   cfg.Payment.APIKey,
-		Timeout:  cfg.Payment.Timeout,
+		BaseURL:        cfg.Payment.BaseURL,
+		APIKey:         cfg.Payment.APIKey,
+		Timeout:        cfg.Payment.Timeout,
 		MaxConns:       cfg.Consumer.MaxInFlight,
 		TracerProvider: tp,
 	}, m)
