@@ -19,9 +19,15 @@ Usage: billing <command> [flags]
 Commands:
   serve      consume order.confirmed.v1 events and charge them; serves /healthz, /readyz, /metrics
   migrate    apply the embedded database migrations and exit (safe to run twice, and concurrently)
+  maintain   dedup-store retention: create processed_event partitions ahead, drop expired ones, exit
+  demo       the whole pipeline on this machine (embedded broker, fake provider), then a summary
+  produce    publish order.confirmed.v1 events: valid, duplicated and invalid, at a rate
+  devkafka   an embedded Kafka-protocol broker for development (in memory, kfake; not Apache Kafka)
+  fakepsp    a fake payment provider with idempotency and fault injection
   version    print the version
 
-Configuration comes from the environment; see README.md.
+Configuration comes from the environment; see README.md. demo, produce,
+devkafka and fakepsp describe their flags with -h.
 `
 
 // errUsage reports a command line that names no known command.
@@ -38,8 +44,18 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	switch cmd {
 	case "serve":
 		return serve(ctx, rest, environ, stderr)
+	case "maintain":
+		return maintain(ctx, rest, environ, stdout, stderr)
 	case "migrate":
 		return migrate(ctx, rest, environ, stderr)
+	case "demo":
+		return demoCmd(ctx, args[0], rest, environ, stdout)
+	case "produce":
+		return produceCmd(ctx, rest, environ, stdout)
+	case "devkafka":
+		return devkafkaCmd(ctx, rest, environ, stdout, stderr)
+	case "fakepsp":
+		return fakepspCmd(ctx, rest, environ, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil

@@ -1,0 +1,847 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/gofrs/uuid/v5"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"example.com/billing/internal/config"
+	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/postgres"
+)
+
+const demoHelp = `
+Runs the whole pipeline on this machine and prints what happened: an
+embedded broker (kfake, in memory; not Apache Kafka) and a fake payment
+provider start in-process on free ports, the real 'billing serve' consumes,
+and a producer publishes --count events of which about 10% are duplicates,
+3% invalid, and 5% are declined by the provider. When the consumer group has
+committed every message, the demo prints a summary measured from the
+database, the provider, the broker and /metrics, compares it with what the
+generator produced, and exits non-zero if they differ.
+
+It needs PostgreSQL: DATABASE_URL (default
+postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) names the
+server; the demo drops and recreates only its own database there (--db-name,
+default billing_demo) and leaves it behind for you to look at.
+
+With --keep everything keeps running after the summary, until Ctrl-C, so
+that you can look at /metrics and produce more events.`
+
+// defaultDemoDatabaseURL is the local server of the development machines.
+const defaultDemoDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+type demoOptions struct {
+	count        int
+	partitions   int
+	duplicates   float64
+	invalid      float64
+	declineEvery int64
+	latency      time.Duration
+	seed         int64
+	dbName       string
+	logPath      string
+	timeout      time.Duration
+	keep         bool
+}
+
+// demoCmd runs the demo. argv0 is how billing was started, for the hints
+// it prints.
+func demoCmd(ctx context.Context, argv0 string, args []string, environ map[string]string, stdout io.Writer) error {
+	fs := newFlagSet("demo", "[flags]", demoHelp)
+	var o demoOptions
+	fs.IntVar(&o.count, "count", 3000, "events to publish, duplicates and invalid ones included")
+	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the order topic")
+	fs.Float64Var(&o.duplicates, "duplicates", 0.10, "share of events re-sent unchanged")
+	fs.Float64Var(&o.invalid, "invalid", 0.03, "share of events billing must reject")
+	fs.Int64Var(&o.declineEvery, "decline-every", 20, "the provider declines orders whose id is a multiple of this (20: 5%)")
+	fs.DurationVar(&o.latency, "latency", 0, "the provider's latency per charge request")
+	fs.Int64Var(&o.seed, "seed", 1, "seed of the event mix")
+	fs.StringVar(&o.dbName, "db-name", "billing_demo", "database the demo drops, recreates and uses on DATABASE_URL's server")
+	fs.StringVar(&o.logPath, "log", filepath.Join(os.TempDir(), "billing-demo.log"), "file that receives billing serve's logs")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the consumer to catch up")
+	fs.BoolVar(&o.keep, "keep", false, "keep everything running after the summary, until Ctrl-C")
+	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
+		return err
+	}
+	switch {
+	case o.count < 1:
+		return errors.New("demo: --count must be positive")
+	case o.partitions < 1 || o.partitions > 1000:
+		return errors.New("demo: --partitions must be within 1..1000")
+	case o.declineEvery < 0:
+		return errors.New("demo: --decline-every must not be negative")
+	case !demoDBName.MatchString(o.dbName):
+		return fmt.Errorf("demo: --db-name %q must be lower-case letters, digits and _", o.dbName)
+	}
+	genOpts := loadgen.Options{Count: o.count, Duplicates: o.duplicates, Invalid: o.invalid, Seed: o.seed}
+	if _, _, _, err := genOpts.Split(); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	serverURL := environ["DATABASE_URL"]
+	if serverURL == "" {
+		serverURL = defaultDemoDatabaseURL
+	}
+
+	d := &demo{opts: o, stdout: stdout, hint: commandHint(argv0)}
+	defer d.close()
+	if err := d.start(ctx, serverURL); err != nil {
+		return err
+	}
+	if err := d.publishAndWait(ctx, genOpts); err != nil {
+		return err
+	}
+	sum, err := d.measure(ctx)
+	if err != nil {
+		return err
+	}
+	failures := sum.print(stdout, d.exp, o.declineEvery)
+	if o.keep && ctx.Err() == nil {
+		d.printKeep()
+		select {
+		case <-ctx.Done():
+		case err := <-d.serveDone:
+			d.serveDone <- err
+			return fmt.Errorf("demo: billing serve stopped (logs in %s): %v", o.logPath, err)
+		}
+	}
+	if failures > 0 {
+		return fmt.Errorf("demo: FAIL: %d of the summary's numbers differ from what was produced", failures)
+	}
+	return nil
+}
+
+var demoDBName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// demo holds the running parts.
+type demo struct {
+	opts   demoOptions
+	stdout io.Writer
+	hint   string
+
+	logFile   *os.File
+	dsn       string
+	db        *sqlx.DB
+	broker    *devkafka.Broker
+	psp       *runningPSP
+	kafkaCfg  config.Kafka
+	client    sarama.Client
+	httpAddr  string
+	stopServe context.CancelFunc
+	serveDone chan error
+
+	exp loadgen.Expected
+	// start and finish of consumption: from the first event published to
+	// the last one finished, as seen on /metrics.
+	began, finished time.Time
+}
+
+func (d *demo) start(ctx context.Context, serverURL string) error {
+	o := d.opts
+	fmt.Fprintf(d.stdout, "billing demo: the whole pipeline on this machine, %d events\n", o.count)
+	var err error
+	if d.logFile, err = os.Create(o.logPath); err != nil {
+		return fmt.Errorf("demo: log file: %w", err)
+	}
+	if d.dsn, err = recreateDatabase(ctx, serverURL, o.dbName); err != nil {
+		return err
+	}
+	if err := migrate(ctx, nil, map[string]string{"DATABASE_URL": d.dsn}, d.logFile); err != nil {
+		return fmt.Errorf("demo: migrate: %w", err)
+	}
+	if d.db, err = postgres.Open(d.dsn, 4); err != nil {
+		return err
+	}
+	fmt.Fprintf(d.stdout, "  database  %s (recreated and migrated)\n", postgres.Redact(d.dsn))
+
+	if err := config.Load(map[string]string{}, &d.kafkaCfg); err != nil {
+		return err
+	}
+	d.broker, err = devkafka.Start(devkafka.Options{
+		Topics:     []string{d.kafkaCfg.Topic, d.kafkaCfg.DLQTopic},
+		Partitions: int32(o.partitions),
+	})
+	if err != nil {
+		return err
+	}
+	d.kafkaCfg.Brokers = []string{d.broker.Addr()}
+	fmt.Fprintf(d.stdout, "  broker    %s (embedded kfake, in memory, not Apache Kafka; %s with %d partitions)\n",
+		d.broker.Addr(), d.kafkaCfg.Topic, o.partitions)
+
+	d.psp, err = startFakePSP("127.0.0.1:0", fakepsp.Options{DeclineEvery: o.declineEvery, Latency: o.latency, Seed: o.seed})
+	if err != nil {
+		return err
+	}
+	declines := "declines nothing"
+	if o.declineEvery > 0 {
+		declines = fmt.Sprintf("declines every order id divisible by %d", o.declineEvery)
+	}
+	fmt.Fprintf(d.stdout, "  provider  %s (fake; %s)\n", d.psp.URL, declines)
+
+	if d.httpAddr, err = freeTCPAddr(); err != nil {
+		return err
+	}
+	env := map[string]string{
+		"KAFKA_BROKERS":    d.broker.Addr(),
+		"DATABASE_URL":     d.dsn,
+		"PAYMENT_BASE_URL": d.psp.URL,
+		"HTTP_ADDR":        d.httpAddr,
+		"LOG_LEVEL":        "info",
+	}
+	serveCtx, stop := context.WithCancel(ctx)
+	d.stopServe = stop
+	d.serveDone = make(chan error, 1)
+	go func() { d.serveDone <- serve(serveCtx, nil, env, d.logFile) }()
+	if err := d.waitReady(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(d.stdout, "  service   http://%s (billing serve; logs in %s)\n", d.httpAddr, o.logPath)
+
+	cfg, err := kafka.NewConfig(d.kafkaCfg)
+	if err != nil {
+		return err
+	}
+	if d.client, err = sarama.NewClient(d.kafkaCfg.Brokers, cfg); err != nil {
+		return fmt.Errorf("demo: kafka client: %w", err)
+	}
+	return nil
+}
+
+// waitReady waits until serve's /readyz answers 200.
+func (d *demo) waitReady(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if code, _ := httpGet(ctx, "http://"+d.httpAddr+"/readyz"); code == http.StatusOK {
+			return nil
+		}
+		select {
+		case err := <-d.serveDone:
+			d.serveDone <- err
+			return fmt.Errorf("demo: billing serve stopped before it was ready (logs in %s): %v", d.opts.logPath, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: billing serve not ready within 30s (logs in %s)", d.opts.logPath)
+		}
+	}
+}
+
+// publishAndWait publishes the events and waits until the group committed
+// all of them, showing progress.
+func (d *demo) publishAndWait(ctx context.Context, genOpts loadgen.Options) error {
+	fmt.Fprintf(d.stdout, "Publishing %d events (%.0f%% duplicates, %.0f%% invalid) and consuming them...\n",
+		d.opts.count, 100*d.opts.duplicates, 100*d.opts.invalid)
+	gen, err := loadgen.New(genOpts)
+	if err != nil {
+		return err
+	}
+	cfg, err := kafka.ProducerConfig(d.kafkaCfg)
+	if err != nil {
+		return err
+	}
+	producer, err := sarama.NewAsyncProducer(d.kafkaCfg.Brokers, cfg)
+	if err != nil {
+		return fmt.Errorf("demo: producer: %w", err)
+	}
+	defer producer.Close()
+
+	var acked atomic.Int64
+	type published struct {
+		res loadgen.Result
+		err error
+	}
+	pubDone := make(chan published, 1)
+	d.began = time.Now()
+	pubCtx, stopPub := context.WithCancel(ctx)
+	defer stopPub()
+	go func() {
+		res, err := loadgen.Publish(pubCtx, producer, gen, loadgen.PublishOptions{Topic: d.kafkaCfg.Topic, Acked: &acked})
+		pubDone <- published{res, err}
+	}()
+
+	p := newProgress(d.stdout)
+	defer p.done()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(d.opts.timeout)
+	publishing := true
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-d.serveDone:
+			d.serveDone <- err
+			return fmt.Errorf("demo: billing serve stopped (logs in %s): %v", d.opts.logPath, err)
+		case pub := <-pubDone:
+			if pub.err != nil {
+				return fmt.Errorf("demo: publish: %w", pub.err)
+			}
+			publishing = false
+			d.exp = gen.Expected()
+		case <-tick.C:
+		}
+		finished, _ := d.finishedEvents(ctx)
+		if d.finished.IsZero() && finished >= float64(d.opts.count) {
+			d.finished = time.Now()
+		}
+		lag, err := d.lag()
+		if err != nil {
+			lag = -1
+		}
+		p.show(fmt.Sprintf("published %d/%d  finished %.0f/%d  lag %d  %.1fs",
+			acked.Load(), d.opts.count, finished, d.opts.count, lag, time.Since(d.began).Seconds()))
+		if !publishing && lag == 0 {
+			// Every message is committed, so every one was counted on
+			// /metrics before its offset was marked.
+			if d.finished.IsZero() {
+				d.finished = time.Now()
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: the consumer did not catch up within %s (lag %d; logs in %s)", d.opts.timeout, lag, d.opts.logPath)
+		}
+	}
+}
+
+// lag is the messages of the order topic the group has not committed:
+// end offsets minus committed offsets, over all partitions, read from the
+// broker.
+func (d *demo) lag() (int64, error) {
+	end, err := endOffsets(d.client, d.kafkaCfg.Topic)
+	if err != nil {
+		return 0, err
+	}
+	admin, err := sarama.NewClusterAdminFromClient(d.client)
+	if err != nil {
+		return 0, err
+	}
+	// Not closed: that would close the shared client.
+	parts := make([]int32, 0, len(end))
+	for p := range end {
+		parts = append(parts, p)
+	}
+	resp, err := admin.ListConsumerGroupOffsets(d.kafkaCfg.GroupID, map[string][]int32{d.kafkaCfg.Topic: parts})
+	if err != nil {
+		return 0, err
+	}
+	var lag int64
+	for p, e := range end {
+		committed := int64(0)
+		if b := resp.GetBlock(d.kafkaCfg.Topic, p); b != nil && b.Offset >= 0 {
+			committed = b.Offset
+		}
+		lag += max(e-committed, 0)
+	}
+	return lag, nil
+}
+
+// endOffsets returns the high-water mark of every partition of topic.
+func endOffsets(client sarama.Client, topic string) (map[int32]int64, error) {
+	if err := client.RefreshMetadata(topic); err != nil {
+		return nil, err
+	}
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int32]int64, len(parts))
+	for _, p := range parts {
+		o, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, err
+		}
+		out[p] = o
+	}
+	return out, nil
+}
+
+func sumOffsets(m map[int32]int64) int64 {
+	var n int64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// finishedEvents is billing_events_total summed over outcomes.
+func (d *demo) finishedEvents(ctx context.Context) (float64, error) {
+	snap, err := scrapeMetrics(ctx, d.httpAddr)
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	for series, v := range snap.values {
+		if strings.HasPrefix(series, "billing_events_total{") {
+			n += v
+		}
+	}
+	return n, nil
+}
+
+// demoSummary is what the demo measured, each number from the system's
+// own records.
+type demoSummary struct {
+	produced, dlq                    int64 // broker end offsets
+	unique, charged, declined        int   // database
+	chargedTwiceDB, mismatched       int   // database
+	duplicates, alreadyCharged       float64
+	providerCharges, chargedTwicePSP int64 // provider
+	elapsed                          time.Duration
+	// Latency percentiles in seconds: occurredAt → start of the transaction
+	// per event from the database, and the buckets of occurredAt → commit
+	// in the billing_event_latency_seconds histogram that hold them.
+	p50DB, p99DB         float64
+	p50Bucket, p99Bucket [2]float64
+}
+
+// measure reads the summary from the broker, the database, the provider
+// and /metrics.
+func (d *demo) measure(ctx context.Context) (demoSummary, error) {
+	var s demoSummary
+	end, err := endOffsets(d.client, d.kafkaCfg.Topic)
+	if err != nil {
+		return s, fmt.Errorf("demo: read end offsets: %w", err)
+	}
+	s.produced = sumOffsets(end)
+	dlqEnd, err := endOffsets(d.client, d.kafkaCfg.DLQTopic)
+	if err != nil {
+		return s, fmt.Errorf("demo: read dead-letter end offsets: %w", err)
+	}
+	s.dlq = sumOffsets(dlqEnd)
+
+	counts := []struct {
+		dst  *int
+		q    string
+		args []any
+	}{
+		{&s.unique, `SELECT count(*) FROM processed_event WHERE consumer_group = $1`, []any{d.kafkaCfg.GroupID}},
+		{&s.charged, `SELECT count(*) FROM charge WHERE status = 'succeeded'`, nil},
+		{&s.declined, `SELECT count(*) FROM charge WHERE status = 'declined'`, nil},
+		{&s.chargedTwiceDB, `SELECT count(*) FROM (SELECT order_id FROM charge WHERE status = 'succeeded'
+			GROUP BY order_id HAVING count(*) > 1) AS twice`, nil},
+	}
+	for _, c := range counts {
+		if err := d.db.GetContext(ctx, c.dst, c.q, c.args...); err != nil {
+			return s, fmt.Errorf("demo: query database: %w", err)
+		}
+	}
+	// processed_at is now() of the claiming transaction, i.e. its start;
+	// the first 48 bits of a UUID v7 are the Unix milliseconds at which the
+	// event was created, with its occurredAt.
+	const latencyQ = `
+SELECT coalesce(percentile_cont(0.50) WITHIN GROUP (ORDER BY ms), 'NaN') / 1000 AS p50,
+       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), 'NaN') / 1000 AS p99
+FROM (SELECT extract(epoch FROM processed_at) * 1000
+             - ('x' || substr(replace(event_id::text, '-', ''), 1, 12))::bit(48)::bigint AS ms
+      FROM processed_event WHERE consumer_group = $1) AS latency`
+	if err := d.db.QueryRowContext(ctx, latencyQ, d.kafkaCfg.GroupID).Scan(&s.p50DB, &s.p99DB); err != nil {
+		return s, fmt.Errorf("demo: query latency: %w", err)
+	}
+	s.mismatched, err = d.mismatchedCharges(ctx)
+	if err != nil {
+		return s, err
+	}
+
+	snap, err := scrapeMetrics(ctx, d.httpAddr)
+	if err != nil {
+		return s, fmt.Errorf("demo: read /metrics: %w", err)
+	}
+	s.duplicates = snap.values[`billing_events_total{outcome="duplicate"}`]
+	s.alreadyCharged = snap.values[`billing_events_total{outcome="already_charged"}`]
+	latency := snap.histograms["billing_event_latency_seconds"]
+	s.p50Bucket[0], s.p50Bucket[1] = latency.bucketOf(0.50)
+	s.p99Bucket[0], s.p99Bucket[1] = latency.bucketOf(0.99)
+
+	st := d.psp.Stats()
+	s.providerCharges, s.chargedTwicePSP = st.ChargesCreated, st.OrdersChargedTwice
+	s.elapsed = d.finished.Sub(d.began)
+	return s, nil
+}
+
+// mismatchedCharges counts the generated valid events whose charge row is
+// missing or differs from the event (order, customer, amount, currency),
+// plus charge rows of events that were never generated.
+func (d *demo) mismatchedCharges(ctx context.Context) (int, error) {
+	var rows []struct {
+		EventID    uuid.UUID `db:"event_id"`
+		OrderID    int64     `db:"order_id"`
+		CustomerID int64     `db:"customer_id"`
+		Amount     int64     `db:"amount_minor"`
+		Currency   string    `db:"currency"`
+	}
+	const q = `SELECT event_id, order_id, customer_id, amount_minor, currency FROM charge`
+	if err := d.db.SelectContext(ctx, &rows, q); err != nil {
+		return 0, fmt.Errorf("demo: read charges: %w", err)
+	}
+	want := make(map[uuid.UUID]loadgen.Event, len(d.exp.Events))
+	for _, ev := range d.exp.Events {
+		want[ev.ID] = ev
+	}
+	bad := 0
+	for _, r := range rows {
+		ev, ok := want[r.EventID]
+		delete(want, r.EventID)
+		if !ok || ev.OrderID != r.OrderID || ev.CustomerID != r.CustomerID ||
+			ev.Amount.Minor != r.Amount || ev.Amount.Currency != r.Currency {
+			bad++
+		}
+	}
+	return bad + len(want), nil
+}
+
+// print writes the summary table and the verdict, and returns the number of
+// rows that differ from the expectation.
+func (s demoSummary) print(w io.Writer, exp loadgen.Expected, declineEvery int64) int {
+	declined := exp.Declined(declineEvery)
+	charged := exp.Unique - declined
+	rows := []struct {
+		what, source string
+		got, want    int64
+	}{
+		{"events published", "broker: end offsets", s.produced, int64(exp.Produced)},
+		{"unique events processed", "database: processed_event", int64(s.unique), int64(exp.Unique)},
+		{"charged", "database: charge succeeded", int64(s.charged), int64(charged)},
+		{"declined by the provider", "database: charge declined", int64(s.declined), int64(declined)},
+		{"duplicates skipped", "/metrics: outcome=duplicate", int64(s.duplicates), int64(exp.Duplicates)},
+		{"second events for a paid order", "/metrics: outcome=already_charged", int64(s.alreadyCharged), 0},
+		{"sent to the dead-letter topic", "broker: DLQ end offsets", s.dlq, int64(exp.Invalid)},
+		{"provider charges created", "provider: /_stats", s.providerCharges, int64(charged)},
+		{"charge rows unlike their event", "database vs generated events", int64(s.mismatched), 0},
+		{"orders charged twice (database)", "database: charge", int64(s.chargedTwiceDB), 0},
+		{"orders charged twice (provider)", "provider: /_stats", s.chargedTwicePSP, 0},
+	}
+	fmt.Fprintf(w, "\n%-34s %9s %9s   %s\n", "", "measured", "expected", "measured from")
+	failures := 0
+	var differ []string
+	for _, r := range rows {
+		mark := ""
+		if r.got != r.want {
+			mark = "   <-- differs"
+			failures++
+			differ = append(differ, r.what)
+		}
+		fmt.Fprintf(w, "%-34s %9d %9d   %s%s\n", r.what, r.got, r.want, r.source, mark)
+	}
+	fmt.Fprintln(w)
+	secs := s.elapsed.Seconds()
+	fmt.Fprintf(w, "throughput   %.0f events/s (%d events from the first published to the last finished, in %.2fs)\n",
+		float64(exp.Produced)/secs, exp.Produced, secs)
+	fmt.Fprintf(w, "latency      p50 %s, p99 %s: occurredAt -> start of the event's transaction, per event,\n", seconds(s.p50DB), seconds(s.p99DB))
+	fmt.Fprintln(w, "             from the database (processed_at minus the time in the UUID v7 eventId)")
+	fmt.Fprintf(w, "             p50 in %s, p99 in %s: occurredAt -> commit, the buckets of\n",
+		bucketText(s.p50Bucket[0], s.p50Bucket[1]), bucketText(s.p99Bucket[0], s.p99Bucket[1]))
+	fmt.Fprintln(w, "             /metrics billing_event_latency_seconds that hold them")
+	fmt.Fprintln(w, "             (all events are published at once: latency is mostly waiting in the backlog)")
+	fmt.Fprintln(w)
+	if failures == 0 {
+		fmt.Fprintf(w, "PASS: all %d events accounted for: %d charged once each, %d declined, %d duplicates skipped, %d dead-lettered; no order charged twice.\n",
+			exp.Produced, charged, declined, exp.Duplicates, exp.Invalid)
+	} else {
+		fmt.Fprintf(w, "FAIL: %s differ from what was produced.\n", strings.Join(differ, ", "))
+	}
+	return failures
+}
+
+func seconds(s float64) string {
+	switch {
+	case math.IsNaN(s):
+		return "n/a"
+	case s < 1:
+		return fmt.Sprintf("%.0fms", s*1000)
+	}
+	return fmt.Sprintf("%.2fs", s)
+}
+
+func (d *demo) printKeep() {
+	base := "http://" + d.httpAddr
+	next := d.exp.LastOrder + 1
+	fmt.Fprintf(d.stdout, `
+Still running; Ctrl-C stops everything.
+  metrics     %s/metrics
+  readiness   %s/readyz
+  broker      %s   (topics %s, %s; in-memory kfake, not Apache Kafka)
+  provider    %s/_stats   (and %s/v1/charges)
+  database    %s
+  logs        %s
+Publish more events (orders from %d on are new; lower ids confirm paid orders again):
+  KAFKA_BROKERS=%s %s produce --count 1000 --first-order %d --invalid 0.02
+`, base, base, d.broker.Addr(), d.kafkaCfg.Topic, d.kafkaCfg.DLQTopic, d.psp.URL, d.psp.URL,
+		postgres.Redact(d.dsn), d.opts.logPath, next, d.broker.Addr(), d.hint, next)
+}
+
+// close stops serve (which drains and commits), then the provider and the
+// broker.
+func (d *demo) close() {
+	if d.stopServe != nil {
+		d.stopServe()
+		select {
+		case <-d.serveDone:
+		case <-time.After(30 * time.Second):
+		}
+	}
+	if d.client != nil {
+		d.client.Close()
+	}
+	if d.psp != nil {
+		_ = d.psp.Close()
+	}
+	if d.broker != nil {
+		d.broker.Close()
+	}
+	if d.db != nil {
+		d.db.Close()
+	}
+	if d.logFile != nil {
+		d.logFile.Close()
+	}
+}
+
+// recreateDatabase drops and creates the database name on the server of
+// serverURL, and returns its URL. It touches no other database.
+func recreateDatabase(ctx context.Context, serverURL, name string) (string, error) {
+	u, err := url.Parse(serverURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", fmt.Errorf("demo: DATABASE_URL must be a postgres:// URL, got %q", postgres.Redact(serverURL))
+	}
+	admin := *u
+	if strings.TrimPrefix(admin.Path, "/") == name {
+		admin.Path = "/postgres" // cannot drop the database we are connected to
+	}
+	db, err := postgres.Open(admin.String(), 1)
+	if err != nil {
+		return "", fmt.Errorf("demo: DATABASE_URL: %w", err)
+	}
+	defer db.Close()
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		if postgres.IsConfigError(err) {
+			return "", fmt.Errorf("demo: PostgreSQL at %s refused the connection (%v); "+
+				"set DATABASE_URL to a server and a role that may create databases", postgres.Redact(admin.String()), err)
+		}
+		return "", noDatabaseError(admin.String(), err)
+	}
+	quoted := pq.QuoteIdentifier(name)
+	for _, q := range []string{"DROP DATABASE IF EXISTS " + quoted + " WITH (FORCE)", "CREATE DATABASE " + quoted} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return "", fmt.Errorf("demo: %s: %w", q, err)
+		}
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+func noDatabaseError(serverURL string, err error) error {
+	return fmt.Errorf(`no PostgreSQL answers at %s (%v).
+
+The demo needs a PostgreSQL server (13 or newer) on which it may create a
+database of its own (billing_demo). Start one, for example:
+  docker run -d --name billing-pg -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:16
+  sudo apt-get install postgresql    (then set a password for the postgres role)
+or point the demo at a server you have:
+  DATABASE_URL='postgres://USER:PASSWORD@HOST:5432/postgres?sslmode=disable' make demo`,
+		postgres.Redact(serverURL), err)
+}
+
+// freeTCPAddr returns a 127.0.0.1 address with a port that was free a
+// moment ago, for a server that wants an address rather than a listener.
+func freeTCPAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// commandHint is how to start billing again: argv0, unless it is a
+// temporary binary of go run.
+func commandHint(argv0 string) string {
+	if argv0 == "" || strings.Contains(argv0, "go-build") {
+		return "go run ./cmd/billing"
+	}
+	return argv0
+}
+
+func httpGet(ctx context.Context, u string) (int, []byte) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// metricsSnapshot is one scrape of /metrics.
+type metricsSnapshot struct {
+	// values of counters and gauges by series, e.g.
+	// billing_events_total{outcome="charged"}.
+	values map[string]float64
+	// histograms by name (label-less histograms only).
+	histograms map[string]histogram
+}
+
+// histogram is a Prometheus histogram: cumulative counts by upper bound.
+type histogram struct {
+	count   float64
+	buckets []bucket // by upper bound, ascending; +Inf omitted
+}
+
+type bucket struct{ upper, cumulative float64 }
+
+// scrapeMetrics reads serve's /metrics.
+func scrapeMetrics(ctx context.Context, addr string) (metricsSnapshot, error) {
+	snap := metricsSnapshot{values: map[string]float64{}, histograms: map[string]histogram{}}
+	code, body := httpGet(ctx, "http://"+addr+"/metrics")
+	if code != http.StatusOK {
+		return snap, fmt.Errorf("GET /metrics: status %d", code)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		return snap, fmt.Errorf("parse /metrics: %w", err)
+	}
+	for name, fam := range fams {
+		for _, m := range fam.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			series := name
+			if len(labels) > 0 {
+				series += "{" + strings.Join(labels, ",") + "}"
+			}
+			switch {
+			case m.Counter != nil:
+				snap.values[series] = m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				snap.values[series] = m.GetGauge().GetValue()
+			case m.Histogram != nil && len(labels) == 0:
+				h := histogram{count: float64(m.GetHistogram().GetSampleCount())}
+				for _, b := range m.GetHistogram().GetBucket() {
+					if !math.IsInf(b.GetUpperBound(), 1) {
+						h.buckets = append(h.buckets, bucket{b.GetUpperBound(), float64(b.GetCumulativeCount())})
+					}
+				}
+				sort.Slice(h.buckets, func(i, j int) bool { return h.buckets[i].upper < h.buckets[j].upper })
+				snap.histograms[name] = h
+			}
+		}
+	}
+	return snap, nil
+}
+
+// bucketOf returns the bounds (lower, upper] of the bucket that holds the
+// q-quantile: all a histogram knows about it. upper is +Inf when it is
+// above the highest finite bound; both are NaN when the histogram is empty.
+func (h histogram) bucketOf(q float64) (lower, upper float64) {
+	if h.count == 0 {
+		return math.NaN(), math.NaN()
+	}
+	rank := q * h.count
+	for _, b := range h.buckets {
+		if b.cumulative >= rank {
+			return lower, b.upper
+		}
+		lower = b.upper
+	}
+	return lower, math.Inf(1)
+}
+
+// bucketText writes a bucket as an interval, e.g. "(1s, 2.5s]".
+func bucketText(lower, upper float64) string {
+	switch {
+	case math.IsNaN(upper):
+		return "n/a"
+	case math.IsInf(upper, 1):
+		return "> " + bound(lower)
+	}
+	return "(" + bound(lower) + ", " + bound(upper) + "]"
+}
+
+// bound writes a bucket bound (seconds) briefly: 0, 250ms, 2.5s.
+func bound(s float64) string {
+	switch {
+	case s == 0:
+		return "0"
+	case s < 1:
+		return strconv.FormatFloat(s*1000, 'g', -1, 64) + "ms"
+	}
+	return strconv.FormatFloat(s, 'g', -1, 64) + "s"
+}
+
+// progress shows one status line: rewritten in place on a terminal,
+// printed once a second otherwise.
+type progress struct {
+	w        io.Writer
+	terminal bool
+	last     time.Time
+	shown    string
+}
+
+func newProgress(w io.Writer) *progress {
+	return &progress{w: w, terminal: isTerminal(w)}
+}
+
+func (p *progress) show(line string) {
+	p.shown = line
+	if p.terminal {
+		fmt.Fprintf(p.w, "\r%-78s", line)
+		return
+	}
+	if time.Since(p.last) >= time.Second {
+		fmt.Fprintln(p.w, line)
+		p.last = time.Now()
+	}
+}
+
+// done ends the status line, showing its last state.
+func (p *progress) done() {
+	if p.terminal {
+		fmt.Fprintln(p.w)
+	} else if p.shown != "" {
+		fmt.Fprintln(p.w, p.shown)
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"example.com/billing/internal/config"
+	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/postgres"
+)
+
+// maintain runs dedup-store retention once, for a Kubernetes CronJob: it
+// creates processed_event partitions ahead and drops the expired ones, then
+// prints what it did as JSON. serve does the same every
+// DEDUP_MAINTENANCE_INTERVAL; an advisory lock lets one of them work at a time.
+func maintain(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+	if err := noArgs("maintain", args); err != nil {
+		return err
+	}
+	var cfg config.Maintain
+	if err := config.Load(environ, &cfg); err != nil {
+		return err
+	}
+	log := newLogger(stderr, slog.LevelInfo)
+	db, err := postgres.Open(cfg.Database.URL, 2)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer db.Close()
+	r := dedup.NewRetention(db, cfg.Dedup.Retention, cfg.Dedup.PartitionsAhead, metrics.New(prometheus.NewRegistry()), log)
+	rep, err := r.Run(ctx)
+	if err != nil {
+		if postgres.IsConfigError(err) {
+			return fmt.Errorf("DATABASE_URL: %w", err)
+		}
+		return err
+	}
+	if rep.Skipped {
+		log.Info("another maintainer is running; nothing to do")
+	}
+	return json.NewEncoder(stdout).Encode(rep)
+}
