@@ -15,6 +15,7 @@ import (
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/tracing"
 )
 
 const produceHelp = `
@@ -87,11 +88,20 @@ func produceCmd(ctx context.Context, args []string, environ map[string]string, s
 	if err != nil {
 		return err
 	}
+	// Tracing, off unless OTEL_EXPORTER_OTLP_ENDPOINT is set: each message
+	// then carries the traceparent of its producer span.
+	tp, stopTracing, err := tracing.NewProvider(ctx, environ, version)
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort on exit
 	producer, err := sarama.NewAsyncProducer(k.Brokers, cfg)
 	if err != nil {
 		return fmt.Errorf("produce: connect to %s: %w", strings.Join(k.Brokers, ","), err)
 	}
-	res, err := loadgen.Publish(ctx, producer, gen, loadgen.PublishOptions{Topic: k.Topic, Rate: *rate})
+	res, err := loadgen.Publish(ctx, producer, gen, loadgen.PublishOptions{
+		Topic: k.Topic, Rate: *rate, Tracer: tp.Tracer("example.com/billing/cmd/billing/produce"),
+	})
 	if cerr := producer.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("produce: close producer: %w", cerr)
 	}

@@ -94,6 +94,8 @@ type Message struct {
 	Value   []byte
 	Kind    Kind
 	OrderID int64
+	// EventID is the event's id for Valid and Duplicate messages.
+	EventID string
 	// Defect names the rule an Invalid message breaks (one of Defects).
 	Defect string
 }
@@ -305,7 +307,7 @@ func (g *Generator) valid() (Message, error) {
 	if err != nil {
 		return Message{}, err
 	}
-	m := Message{Key: orderKey(ev.OrderID), Value: value, Kind: Valid, OrderID: ev.OrderID}
+	m := Message{Key: orderKey(ev.OrderID), Value: value, Kind: Valid, OrderID: ev.OrderID, EventID: ev.ID.String()}
 	if len(g.recent) < recentWindow {
 		g.recent = append(g.recent, m)
 		g.last = len(g.recent) - 1
@@ -330,7 +332,7 @@ func (g *Generator) duplicate() Message {
 	orig := g.recent[i]
 	g.leftDup--
 	g.exp.Duplicates++
-	return Message{Key: orig.Key, Value: orig.Value, Kind: Duplicate, OrderID: orig.OrderID}
+	return Message{Key: orig.Key, Value: orig.Value, Kind: Duplicate, OrderID: orig.OrderID, EventID: orig.EventID}
 }
 
 func (g *Generator) invalid() (Message, error) {

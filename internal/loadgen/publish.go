@@ -7,6 +7,13 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/tracing"
 )
 
 // PublishOptions tune Publish.
@@ -19,6 +26,10 @@ type PublishOptions struct {
 	// Acked, when set, is incremented for every message the broker
 	// acknowledged, for progress displays.
 	Acked *atomic.Int64
+	// Tracer, when set, gives each message a producer span whose context
+	// travels in the record's traceparent header, so that the consumer's
+	// spans join the producer's trace.
+	Tracer trace.Tracer
 }
 
 // Result says what Publish did.
@@ -87,14 +98,19 @@ func Publish(ctx context.Context, p sarama.AsyncProducer, g *Generator, opts Pub
 		if m.Value != nil {
 			pm.Value = sarama.ByteEncoder(m.Value)
 		}
+		if opts.Tracer != nil {
+			startSpan(ctx, opts.Tracer, pm, m)
+		}
 		for queued := false; !queued; {
 			select {
 			case p.Input() <- pm:
 				queued = true
 				sent++
-			case <-p.Successes():
+			case ack := <-p.Successes():
+				endSpan(ack, nil)
 				settle(nil)
 			case perr := <-p.Errors():
+				endSpan(perr.Msg, perr)
 				settle(perr)
 			case <-ctx.Done():
 				return Result{Produced: produced, Elapsed: time.Since(start)}, ctx.Err()
@@ -103,9 +119,11 @@ func Publish(ctx context.Context, p sarama.AsyncProducer, g *Generator, opts Pub
 	}
 	for settled < sent {
 		select {
-		case <-p.Successes():
+		case ack := <-p.Successes():
+			endSpan(ack, nil)
 			settle(nil)
 		case perr := <-p.Errors():
+			endSpan(perr.Msg, perr)
 			settle(perr)
 		case <-ctx.Done():
 			return Result{Produced: produced, Elapsed: time.Since(start)}, ctx.Err()
@@ -125,12 +143,47 @@ func waitFor(ctx context.Context, due <-chan time.Time, p sarama.AsyncProducer, 
 		select {
 		case <-due:
 			return nil
-		case <-p.Successes():
+		case ack := <-p.Successes():
+			endSpan(ack, nil)
 			settle(nil)
 		case perr := <-p.Errors():
+			endSpan(perr.Msg, perr)
 			settle(perr)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+// startSpan starts pm's producer span and injects its context into pm's
+// headers; the span ends when the broker answers (endSpan).
+func startSpan(ctx context.Context, tracer trace.Tracer, pm *sarama.ProducerMessage, m Message) {
+	attrs := []attribute.KeyValue{
+		semconv.MessagingSystemKafka,
+		semconv.MessagingOperationTypeSend,
+		semconv.MessagingOperationName("send"),
+		semconv.MessagingDestinationName(pm.Topic),
+		semconv.MessagingKafkaMessageKey(string(m.Key)),
+	}
+	if m.EventID != "" {
+		attrs = append(attrs, semconv.MessagingMessageID(m.EventID))
+	}
+	ctx, span := tracer.Start(ctx, pm.Topic+" publish", trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	tracing.Propagator().Inject(ctx, kafka.ProducerHeaders{Msg: pm})
+	pm.Metadata = span
+}
+
+func endSpan(pm *sarama.ProducerMessage, err error) {
+	if pm == nil {
+		return
+	}
+	span, ok := pm.Metadata.(trace.Span)
+	if !ok {
+		return
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "not acknowledged")
+	}
+	span.End()
 }

@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
@@ -137,5 +141,39 @@ func TestPublish_StopsWhenTheContextEnds(t *testing.T) {
 	}
 	if g.Remaining() == 0 {
 		t.Error("every message was generated although the context ended early")
+	}
+}
+
+func TestPublish_TracedMessagesCarryTheirProducerSpan(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the embedded broker")
+	}
+	broker := kafkatest.StartBroker(t, 1)
+	exporter := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
+	g, err := loadgen.New(loadgen.Options{Count: 20, Duplicates: 0.2, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadgen.Publish(t.Context(), newProducer(t, broker.Addr()), g,
+		loadgen.PublishOptions{Topic: kafkatest.Topic, Tracer: tp.Tracer("test")}); err != nil {
+		t.Fatal(err)
+	}
+	spans := map[string]bool{}
+	for _, s := range exporter.GetSpans() {
+		if s.SpanKind != trace.SpanKindProducer || s.Name != kafkatest.Topic+" publish" {
+			t.Errorf("span %q of kind %v", s.Name, s.SpanKind)
+		}
+		spans[s.SpanContext.TraceID().String()+"-"+s.SpanContext.SpanID().String()] = true
+	}
+	got := kafkatest.ReadAll(t, kafkatest.Client(t, broker.Addr()), kafkatest.Topic)
+	if len(spans) != len(got) || len(got) != 20 {
+		t.Fatalf("%d ended producer spans for %d messages, want 20 each", len(spans), len(got))
+	}
+	for _, m := range got {
+		tp := strings.Split(kafkatest.Header(m, "traceparent"), "-") // version-trace-span-flags
+		if len(tp) != 4 || !spans[tp[1]+"-"+tp[2]] {
+			t.Errorf("message at offset %d has traceparent %q, not one of the producer spans", m.Offset, kafkatest.Header(m, "traceparent"))
+		}
 	}
 }
