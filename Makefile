@@ -6,19 +6,20 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/billing
 
-.PHONY: build test test-short lint vet staticcheck fmt-check vuln clean
+.PHONY: build demo test lint vet staticcheck fmt-check vuln clean bench-dedup
 
 ## build: the static billing binary in bin/
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/billing
 
+## demo: the whole pipeline on this machine (embedded broker, fake provider,
+## local PostgreSQL), then a summary; DEMO_FLAGS="--keep" leaves it running
+demo:
+	$(GO) run ./cmd/billing demo $(DEMO_FLAGS)
+
 ## test: every test, with the race detector, against the local PostgreSQL
 test:
 	$(GO) test -race -count=1 -timeout 20m ./...
-
-## test-short: unit tests only (no database, no broker)
-test-short:
-	$(GO) test -short -count=1 ./...
 
 ## lint: formatting, go vet and staticcheck
 lint: fmt-check vet staticcheck
@@ -39,6 +40,12 @@ staticcheck: bin/staticcheck
 ## vuln: known vulnerabilities (needs access to vuln.go.dev)
 vuln: bin/govulncheck
 	bin/govulncheck ./...
+
+## bench-dedup: processed_event at 10M rows, v7 vs v4 keys, DROP PARTITION vs
+## DELETE, in a throwaway database on the local PostgreSQL (see BENCHMARKS.md;
+## 15–25 min; ARGS="-rows 200000" for a quick check in ~40 s)
+bench-dedup:
+	$(GO) run ./bench/dedup $(ARGS)
 
 clean:
 	rm -rf bin
