@@ -20,6 +20,7 @@ demo:
 ## test: every test, with the race detector, against the local PostgreSQL
 test:
 	$(GO) test -race -count=1 -timeout 20m ./...
+	cd deploy/check && $(GO) test -count=1 ./...
 
 ## lint: formatting, go vet and staticcheck
 lint: fmt-check vet staticcheck
@@ -29,6 +30,7 @@ fmt-check:
 
 vet:
 	$(GO) vet ./...
+	cd deploy/check && $(GO) vet ./...
 
 # The tools are pinned in tools/go.mod, apart from the service's modules.
 bin/staticcheck bin/govulncheck: tools/go.mod
