@@ -126,6 +126,17 @@ func (d *Dedup) Validate() error {
 	return nil
 }
 
+// LogValue shows durations as text.
+func (d Dedup) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("retention", d.Retention.String()),
+		slog.Bool("allow_short_retention", d.AllowShortRetention),
+		slog.Int("partitions_ahead", d.PartitionsAhead),
+		slog.String("maintenance_interval", d.MaintenanceInterval.String()),
+		slog.String("max_future_skew", d.MaxFutureSkew.String()),
+	)
+}
+
 // Maintain is the configuration of `billing maintain`.
 type Maintain struct {
 	Database Database
@@ -356,7 +367,18 @@ func (p Payment) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("base_url", p.BaseURL),
 		slog.String("api_key", mask(p.APIKey)),
-		slog.Duration("timeout", p.Timeout),
+		slog.String("timeout", p.Timeout.String()),
+	)
+}
+
+// LogValue shows durations as text.
+func (c Consumer) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Int("max_in_flight", c.MaxInFlight),
+		slog.Int("lanes", c.Lanes),
+		slog.Int("batch_max", c.BatchMax),
+		slog.String("drain_timeout", c.DrainTimeout.String()),
+		slog.Bool("commit_every_message", c.CommitEveryMessage),
 	)
 }
 
