@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,6 +19,13 @@ func main() {
 	go func() { <-ctx.Done(); stop() }() // a second signal kills at once
 	if err := run(ctx, os.Args, config.Environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "billing:", err)
-		os.Exit(1)
+		// A command may say more than "failed": reconcile exits 2 when the
+		// books differ, so that a CronJob can tell that from an error.
+		code := 1
+		var ec interface{ ExitCode() int }
+		if errors.As(err, &ec) {
+			code = ec.ExitCode()
+		}
+		os.Exit(code)
 	}
 }

@@ -24,10 +24,12 @@ Commands:
   produce    publish order.confirmed.v1 events: valid, duplicated and invalid, at a rate
   devkafka   an embedded Kafka-protocol broker for development (in memory, kfake; not Apache Kafka)
   fakepsp    a fake payment provider with idempotency and fault injection
+  reconcile  compare the charge table with the provider's charges of a window; non-zero exit when they differ
+  dlq replay republish parked dead-letter messages, unchanged, to the topic they came from
   version    print the version
 
 Configuration comes from the environment; see README.md. demo, produce,
-devkafka and fakepsp describe their flags with -h.
+devkafka, fakepsp, reconcile and dlq replay describe their flags with -h.
 `
 
 // errUsage reports a command line that names no known command.
@@ -56,6 +58,10 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return devkafkaCmd(ctx, rest, environ, stdout, stderr)
 	case "fakepsp":
 		return fakepspCmd(ctx, rest, environ, stdout, stderr)
+	case "reconcile":
+		return reconcileCmd(ctx, rest, environ, stdout, stderr)
+	case "dlq":
+		return dlqCmd(ctx, rest, environ, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil

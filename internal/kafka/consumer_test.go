@@ -173,17 +173,6 @@ func options() kafka.Options {
 	return kafka.Options{Lanes: 8, BatchMax: 4, MaxInFlight: 64, DrainTimeout: 5 * time.Second}
 }
 
-func produceValues(t *testing.T, client sarama.Client, partition int32, keyed map[string][]string) {
-	t.Helper()
-	var msgs []kafkatest.Message
-	for key, values := range keyed {
-		for _, v := range values {
-			msgs = append(msgs, kafkatest.Message{Partition: partition, Key: []byte(key), Value: []byte(v)})
-		}
-	}
-	kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
-}
-
 func TestConsumer_KeysRunConcurrentlyEachInOffsetOrder(t *testing.T) {
 	b := kafkatest.StartBroker(t, 2)
 	client := kafkatest.Client(t, b.Addr())

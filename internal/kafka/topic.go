@@ -21,26 +21,34 @@ type TopicLimits struct {
 // DescribeTopic reads topic's retention.ms and max.message.bytes through the
 // admin API.
 func DescribeTopic(admin sarama.ClusterAdmin, topic string) (TopicLimits, error) {
-	entries, err := admin.DescribeConfig(sarama.ConfigResource{
+	results, err := admin.DescribeConfigs([]*sarama.ConfigResource{{
 		Type:        sarama.TopicResource,
 		Name:        topic,
 		ConfigNames: []string{"retention.ms", "max.message.bytes"},
-	})
+	}}, sarama.DescribeConfigsOptions{})
 	if err != nil {
 		return TopicLimits{}, fmt.Errorf("describe topic %s: %w", topic, err)
 	}
 	var lim TopicLimits
-	for _, e := range entries {
-		n, err := strconv.ParseInt(e.Value, 10, 64)
-		if err != nil {
-			return TopicLimits{}, fmt.Errorf("topic %s: %s=%q: %w", topic, e.Name, e.Value, err)
+	for _, r := range results {
+		if r.Name != topic {
+			continue
 		}
-		switch e.Name {
-		case "retention.ms":
-			lim.Forever = n < 0
-			lim.Retention = time.Duration(n) * time.Millisecond
-		case "max.message.bytes":
-			lim.MaxMessageBytes = int(n)
+		if r.ErrorCode != sarama.ErrNoError {
+			return TopicLimits{}, fmt.Errorf("describe topic %s: %w %s", topic, r.ErrorCode, r.ErrorMsg)
+		}
+		for _, e := range r.Configs {
+			n, err := strconv.ParseInt(e.Value, 10, 64)
+			if err != nil {
+				return TopicLimits{}, fmt.Errorf("topic %s: %s=%q: %w", topic, e.Name, e.Value, err)
+			}
+			switch e.Name {
+			case "retention.ms":
+				lim.Forever = n < 0
+				lim.Retention = time.Duration(n) * time.Millisecond
+			case "max.message.bytes":
+				lim.MaxMessageBytes = int(n)
+			}
 		}
 	}
 	return lim, nil

@@ -172,7 +172,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 func attrMap(kvs []attribute.KeyValue) map[string]string {
 	m := map[string]string{}
 	for _, kv := range kvs {
-		m[string(kv.Key)] = kv.Value.Emit()
+		m[string(kv.Key)] = kv.Value.String()
 	}
 	return m
 }

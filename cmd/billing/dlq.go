@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"example.com/billing/internal/billing"
+	"example.com/billing/internal/config"
+	"example.com/billing/internal/kafka"
+)
+
+const dlqUsage = `Usage: billing dlq <command> [flags]
+
+Commands:
+  replay   republish parked messages, unchanged, to the topic they came from
+
+billing dlq replay -h describes its flags.
+`
+
+// dlqCmd dispatches the dead-letter topic's commands.
+func dlqCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, dlqUsage)
+		return errors.New("dlq: a command is required")
+	}
+	switch args[0] {
+	case "replay":
+		return dlqReplayCmd(ctx, args[1:], environ, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, dlqUsage)
+		return nil
+	}
+	fmt.Fprint(stderr, dlqUsage)
+	return fmt.Errorf("dlq: unknown command %q", args[0])
+}
+
+const dlqReplayHelp = `
+Republishes the messages parked in KAFKA_DLQ_TOPIC, unchanged (same key,
+same value, so the same event ids), to the topic and partition they were
+parked from (x-original-topic, else KAFKA_TOPIC), once the cause is fixed.
+billing deduplicates them as it does any redelivery: an event that was
+charged meanwhile is skipped, one that still fails is parked again.
+
+The original headers are kept (trace context among them) except the
+dead-letter ones; x-dlq-replayed-from: <dlq-partition>/<dlq-offset> is
+added. Nothing but partition, offset, key and reason is printed: values may
+hold customer data.
+
+It is a batch job: it goes up to the dead-letter topic's end offsets as of
+its start, then exits. Its progress is committed to a consumer group of its
+own (--group) only after each republished message was acknowledged, so a
+run that stopped is resumed by the next one with the same flags, and a
+committed message is never republished. With --reason the default group is
+named after the reason, so that the messages passed over stay there for a
+replay of their own reason.
+
+Reads the KAFKA_* variables, as serve does.`
+
+// reasonCodes are the x-dlq-reason codes billing writes.
+var reasonCodes = []string{billing.CodeInvalidEvent, billing.CodeStaleEvent, billing.CodePayloadMismatch, billing.CodeProviderRejected}
+
+// dlqConfig is what dlq replay reads from the environment.
+type dlqConfig struct {
+	Kafka    config.Kafka
+	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
+}
+
+func (c *dlqConfig) Validate() error { return c.Kafka.Validate() }
+
+// dlqReplayCmd republishes parked messages.
+func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("dlq replay", "[flags]", dlqReplayHelp)
+	reason := fs.String("reason", "", "replay only the messages whose x-dlq-reason code is this: "+strings.Join(reasonCodes, ", ")+" (default: all)")
+	dryRun := fs.Bool("dry-run", false, "list what would be replayed; publish and commit nothing")
+	maxN := fs.Int("max", 0, "republish at most this many messages, then stop (0: no limit); a later run goes on")
+	group := fs.String("group", "", "consumer group that tracks the replay's progress (default: <KAFKA_GROUP_ID>-dlq-replay, and -<reason> with --reason)")
+	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
+		return err
+	}
+	if *reason != "" && !slices.Contains(reasonCodes, *reason) {
+		return fmt.Errorf("dlq replay: --reason %q is not a reason code; use one of %s", *reason, strings.Join(reasonCodes, ", "))
+	}
+	if *maxN < 0 {
+		return errors.New("dlq replay: --max must not be negative")
+	}
+	var cfg dlqConfig
+	if err := config.Load(environ, &cfg); err != nil {
+		return err
+	}
+	if *group == "" {
+		*group = cfg.Kafka.GroupID + "-dlq-replay"
+		if *reason != "" {
+			*group += "-" + *reason
+		}
+	}
+	if *group == cfg.Kafka.GroupID {
+		// Joining serve's group with another topic would upset its
+		// assignment, and its offsets are those of the order topic.
+		return fmt.Errorf("dlq replay: --group must not be KAFKA_GROUP_ID (%s), the service's own group", cfg.Kafka.GroupID)
+	}
+	log := newLogger(stderr, cfg.LogLevel)
+	log.Info("dlq replay starting", "version", version, "kafka", cfg.Kafka, "group", *group,
+		"reason", *reason, "dry_run", *dryRun, "max", *maxN)
+
+	verb := "replayed"
+	if *dryRun {
+		verb = "would replay"
+	}
+	rep, err := kafka.Replay(ctx, cfg.Kafka, kafka.ReplayOptions{
+		DLQTopic: cfg.Kafka.DLQTopic,
+		Topic:    cfg.Kafka.Topic,
+		Group:    *group,
+		Reason:   *reason,
+		Max:      *maxN,
+		DryRun:   *dryRun,
+		OnMessage: func(r kafka.Replayed) {
+			fmt.Fprintf(stdout, "%s %s/%d@%d key=%q -> %s/%d reason=%q\n",
+				verb, cfg.Kafka.DLQTopic, r.DLQPartition, r.DLQOffset, r.Key, r.Topic, r.Partition, r.Reason)
+		},
+	}, log)
+	summary := fmt.Sprintf("%s %d, passed over %d with another reason, from %s (group %s)",
+		verb, rep.Replayed, rep.Skipped, cfg.Kafka.DLQTopic, *group)
+	switch {
+	case err != nil && errors.Is(err, context.Canceled):
+		fmt.Fprintln(stdout, summary)
+		return errors.New("dlq replay: interrupted; what was republished is committed, run it again to go on")
+	case err != nil:
+		fmt.Fprintln(stdout, summary)
+		return err // named "dlq replay: ..." already
+	}
+	if rep.MaxReached {
+		summary += fmt.Sprintf("; stopped at --max %d, run again for the rest", *maxN)
+	}
+	if *dryRun {
+		summary = "dry run: " + summary + "; nothing was published or committed"
+	}
+	fmt.Fprintln(stdout, summary)
+	log.Info("dlq replay finished", "replayed", rep.Replayed, "skipped", rep.Skipped, "max_reached", rep.MaxReached, "dry_run", rep.DryRun)
+	return nil
+}
