@@ -103,7 +103,7 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	if err := checkTopics(client, cfg, m, log); err != nil {
 		return err
 	}
-	producerCfg, err := kafka.ProducerConfig(cfg.Kafka)
+	producerCfg, err := kafka.DLQProducerConfig(cfg.Kafka)
 	if err != nil {
 		return err
 	}
@@ -116,10 +116,12 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 
 	// --- The pipeline: payment client, processor, consumer.
 	payer := payment.New(payment.Config{
-		BaseURL:        cfg.Payment.BaseURL,
-		APIKey:         cfg.Payment.APIKey,
-		Timeout:        cfg.Payment.Timeout,
-		MaxConns:       cfg.Consumer.MaxInFlight,
+		BaseURL: cfg.Payment.BaseURL,
+		APIKey:  cfg.Payment.APIKey,
+		Timeout: cfg.Payment.Timeout,
+		// At most one transaction per connection, each calling the
+		// provider for up to a batch of events at once.
+		MaxConns:       cfg.Database.MaxConns * cfg.Consumer.BatchMax,
 		TracerProvider: tp,
 	}, m)
 	defer payer.Close()

@@ -62,7 +62,8 @@ type Payment struct {
 // Consumer tunes the consumer's concurrency.
 type Consumer struct {
 	// MaxInFlight bounds the messages taken off partitions and not yet
-	// finished, per instance. 0 means DATABASE_MAX_CONNS × CONSUMER_BATCH_MAX.
+	// finished, per instance. 0 means 2 × DATABASE_MAX_CONNS ×
+	// CONSUMER_BATCH_MAX.
 	MaxInFlight int `env:"MAX_IN_FLIGHT" envDefault:"0"`
 	// Lanes is the number of key-ordered lanes per partition: messages with
 	// different keys run concurrently, messages with one key in order.
@@ -410,7 +411,10 @@ func (s *Serve) Validate() error {
 		return bad("HTTP_ADDR", "%q is not [host]:port", s.HTTPAddr)
 	}
 	if s.Consumer.MaxInFlight == 0 {
-		s.Consumer.MaxInFlight = s.Database.MaxConns * s.Consumer.BatchMax
+		// Per connection, one batch being settled and one queued behind it:
+		// lanes then find full batches waiting, which is what makes a
+		// transaction carry many events.
+		s.Consumer.MaxInFlight = 2 * s.Database.MaxConns * s.Consumer.BatchMax
 	}
 	return nil
 }

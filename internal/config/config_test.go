@@ -146,7 +146,7 @@ func TestLoad_Defaults(t *testing.T) {
 			"DEDUP_RETENTION":             168 * time.Hour,
 			"DEDUP_ALLOW_SHORT_RETENTION": false,
 			"LOG_LEVEL":                   slog.LevelInfo,
-			"MAX_IN_FLIGHT":               16 * 16, // DATABASE_MAX_CONNS × CONSUMER_BATCH_MAX
+			"MAX_IN_FLIGHT":               2 * 16 * 16, // 2 × DATABASE_MAX_CONNS × CONSUMER_BATCH_MAX
 			"CONSUMER_LANES":              8,
 			"CONSUMER_BATCH_MAX":          16,
 			"DRAIN_TIMEOUT":               10 * time.Second,
@@ -214,14 +214,14 @@ func TestLoad_Values(t *testing.T) {
 		env   []string
 		check func(t *testing.T, cfg config.Serve)
 	}{
-		{"OK_MaxInFlightDefaultsToConnsTimesBatch", []string{"DATABASE_MAX_CONNS=4", "CONSUMER_BATCH_MAX=3"}, func(t *testing.T, cfg config.Serve) {
-			if cfg.Consumer.MaxInFlight != 12 {
-				t.Errorf("MaxInFlight = %d, want 4×3 = 12", cfg.Consumer.MaxInFlight)
+		{"OK_MaxInFlightDefaultsToTwiceConnsTimesBatch", []string{"DATABASE_MAX_CONNS=4", "CONSUMER_BATCH_MAX=3"}, func(t *testing.T, cfg config.Serve) {
+			if cfg.Consumer.MaxInFlight != 24 {
+				t.Errorf("MaxInFlight = %d, want 2×4×3 = 24", cfg.Consumer.MaxInFlight)
 			}
 		}},
 		{"OK_MaxInFlightZeroMeansDefault", []string{"MAX_IN_FLIGHT=0", "DATABASE_MAX_CONNS=5", "CONSUMER_BATCH_MAX=1"}, func(t *testing.T, cfg config.Serve) {
-			if cfg.Consumer.MaxInFlight != 5 {
-				t.Errorf("MaxInFlight = %d, want 5×1 = 5", cfg.Consumer.MaxInFlight)
+			if cfg.Consumer.MaxInFlight != 10 {
+				t.Errorf("MaxInFlight = %d, want 2×5×1 = 10", cfg.Consumer.MaxInFlight)
 			}
 		}},
 		// "a:1, b:2" is how people write lists; sarama dials each address

@@ -72,6 +72,12 @@ func ConsumerConfig(k config.Kafka) (*sarama.Config, error) {
 	cfg.Consumer.Offsets.AutoCommit.Enable = true
 	cfg.Consumer.Offsets.AutoCommit.Interval = time.Second
 	cfg.Consumer.Return.Errors = true
+	// Fetch in smaller bites than sarama's 1 MiB per partition: an event is
+	// a few hundred bytes, the lanes hold a few hundred of them per
+	// partition, and a fetched batch stays in memory until its last message
+	// is finished. Larger messages are still fetched (Fetch.Max is 0).
+	cfg.Consumer.Fetch.Default = 128 << 10
+	cfg.Consumer.Fetch.MaxBytes = 2 << 20
 	// Cooperative-sticky: a rebalance moves only the partitions that must
 	// move, the others keep being processed.
 	cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
@@ -87,8 +93,7 @@ func ConsumerConfig(k config.Kafka) (*sarama.Config, error) {
 }
 
 // ProducerConfig adds the settings of an idempotent producer that waits for
-// all in-sync replicas: the seed's producer rules, and the dead-letter
-// producer's, which must never lose a parked message.
+// all in-sync replicas: the seed's producer rules.
 func ProducerConfig(k config.Kafka) (*sarama.Config, error) {
 	cfg, err := NewConfig(k)
 	if err != nil {
@@ -101,13 +106,24 @@ func ProducerConfig(k config.Kafka) (*sarama.Config, error) {
 	cfg.Producer.Return.Errors = true
 	cfg.Producer.Retry.Max = 10
 	cfg.Producer.Retry.Backoff = 250 * time.Millisecond
-	// The dead-letter producer must be able to park any message the source
-	// topic accepted, or that partition would stall: compress, and leave
-	// the size limit to the broker (sarama's own default of 1,000,000 bytes
-	// is below Kafka's default max.message.bytes).
 	cfg.Producer.Compression = sarama.CompressionZSTD
-	cfg.Producer.MaxMessageBytes = 16 << 20
 	cfg.Producer.Partitioner = sarama.NewHashPartitioner
+	return cfg, nil
+}
+
+// DLQProducerConfig is ProducerConfig for moving messages in and out of the
+// dead-letter topic. It must be able to park any message the source topic
+// accepted, or that partition would stall, so it leaves the size limit to
+// the broker: sarama's own default of 1,000,000 bytes is below Kafka's
+// default max.message.bytes, and compression makes most messages fit.
+// (A general producer keeps sarama's limit: it also caps the size of a
+// batch, and a consumer holds a whole fetched batch in memory.)
+func DLQProducerConfig(k config.Kafka) (*sarama.Config, error) {
+	cfg, err := ProducerConfig(k)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Producer.MaxMessageBytes = 16 << 20
 	return cfg, nil
 }
 

@@ -30,7 +30,7 @@ type DLQ struct {
 }
 
 // NewDLQ returns a DLQ that writes to topic through producer, which must be
-// idempotent and wait for all in-sync replicas (ProducerConfig).
+// idempotent and wait for all in-sync replicas (DLQProducerConfig).
 func NewDLQ(producer sarama.SyncProducer, topic, group string) *DLQ {
 	return &DLQ{producer: producer, topic: topic, group: group}
 }

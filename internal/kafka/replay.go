@@ -41,10 +41,10 @@ func replayConsumerConfig(k config.Kafka) (*sarama.Config, error) {
 	return cfg, nil
 }
 
-// replayProducerConfig is ProducerConfig's idempotent, acks=all producer
+// replayProducerConfig is DLQProducerConfig's idempotent, acks=all producer
 // that puts each message on the partition it names.
 func replayProducerConfig(k config.Kafka) (*sarama.Config, error) {
-	cfg, err := ProducerConfig(k)
+	cfg, err := DLQProducerConfig(k)
 	if err != nil {
 		return nil, err
 	}

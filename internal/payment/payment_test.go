@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/payment"
@@ -452,5 +453,28 @@ func TestCharge_APIKeyNeverInErrors(t *testing.T) {
 				t.Errorf("status %d: error reveals the API key: %q", status, err)
 			}
 		})
+	}
+}
+
+// With tracing off the request still carries the caller's trace context, so
+// that the provider's logs join the producer's trace.
+func TestCharge_CarriesTheCallersTraceparent(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("traceparent"))
+		io.WriteString(w, chargeOK)
+	}))
+	defer srv.Close()
+	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, Timeout: time.Second, MaxConns: 1})
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled, Remote: true,
+	})
+	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+	if _, err := c.Charge(ctx, payment.Request{IdempotencyKey: eventID, OrderID: 123, CustomerID: 45, Amount: 1999, Currency: "EUR"}); err != nil {
+		t.Fatal(err)
+	}
+	want := "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-01"
+	if got.Load() != want {
+		t.Errorf("traceparent = %q, want %q", got.Load(), want)
 	}
 }
