@@ -51,6 +51,10 @@ type Options struct {
 	CommitEveryMessage bool
 }
 
+// stopGrace is how long, beyond the drain timeout, Run waits for sarama to
+// leave the group after ctx is done.
+const stopGrace = 5 * time.Second
+
 // Consumer consumes the order topic in a consumer group.
 type Consumer struct {
 	client  sarama.Client
@@ -105,6 +109,27 @@ func (c *Consumer) Run(ctx context.Context) error {
 	lagCtx, stopLag := context.WithCancel(ctx)
 	defer stopLag()
 	wg.Go(func() { c.reportLag(lagCtx) })
+
+	// sarama does not watch ctx while it joins the group, so a SIGTERM
+	// during a rebalance would wait for the rebalance (up to its timeout, or
+	// for a broker that never answers) and could outlive the pod's grace
+	// period. Past the drain time, closing the connection ends it; offsets
+	// not yet committed then only cost skipped duplicates later.
+	returned := make(chan struct{})
+	defer close(returned)
+	wg.Go(func() {
+		select {
+		case <-returned:
+			return
+		case <-ctx.Done():
+		}
+		select {
+		case <-returned:
+		case <-time.After(c.opts.DrainTimeout + stopGrace):
+			c.log.Warn("the consumer group did not stop within the drain timeout (a rebalance in progress?); closing the broker connections")
+			_ = c.client.Close()
+		}
+	})
 
 	retry := backoff.NewExponentialBackOff()
 	retry.MaxInterval = 10 * time.Second

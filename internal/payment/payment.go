@@ -85,6 +85,7 @@ type Client struct {
 	apiKey  string
 	timeout time.Duration
 	http    *http.Client
+	breaker *breaker
 	metrics *metrics.Metrics
 }
 
@@ -108,6 +109,7 @@ func New(cfg Config, m *metrics.Metrics) *Client {
 		url:     strings.TrimRight(cfg.BaseURL, "/") + "/v1/charges",
 		apiKey:  cfg.APIKey,
 		timeout: cfg.Timeout,
+		breaker: &breaker{now: time.Now},
 		http: &http.Client{
 			Transport: rt,
 			// A redirect would turn the POST into a GET on another URL:
@@ -133,13 +135,35 @@ type chargeBody struct {
 const maxAnswer = 64 << 10
 
 // Charge asks the provider to charge r. It returns the charge, or an error
-// that wraps ErrDeclined, wraps ErrRejected, or is a *TransientError.
+// that wraps ErrDeclined, wraps ErrRejected, or is a *TransientError (one
+// that wraps ErrCircuitOpen when the request was not even sent).
 func (c *Client) Charge(ctx context.Context, r Request) (Charge, error) {
+	ok, probe := c.breaker.allow()
+	if !ok {
+		c.metrics.PaymentRequests.WithLabelValues("circuit_open").Inc()
+		return Charge{}, transient("circuit_open", 0, ErrCircuitOpen)
+	}
 	started := time.Now()
 	ch, result, err := c.charge(ctx, r)
 	c.metrics.PaymentSeconds.Observe(time.Since(started).Seconds())
 	c.metrics.PaymentRequests.WithLabelValues(result).Inc()
+	// A 409 says only that our own earlier request for this key is still
+	// being processed: nothing about the provider's health.
+	// Our own cancellation (a drain cut short) says nothing either.
+	if probe || (result != "conflict" && ctx.Err() == nil) {
+		c.breaker.done(healthy(result), probe)
+	}
 	return ch, err
+}
+
+// healthy reports whether a result shows a working provider: it answered
+// about the request itself.
+func healthy(result string) bool {
+	switch result {
+	case "charged", "declined", "rejected", "bad_request", "conflict":
+		return true
+	}
+	return false
 }
 
 func (c *Client) charge(ctx context.Context, r Request) (Charge, string, error) {
