@@ -22,6 +22,19 @@ test:
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd deploy/check && $(GO) test -count=1 ./...
 
+## chaos: the fault-injection suite (see README): real serve processes, an
+## embedded broker, a throwaway PostgreSQL cluster, fakepsp; ~10 min.
+## CHAOS_SEED=<n> replays a run, CHAOS_RUN=<scenario> runs one scenario
+.PHONY: chaos fuzz
+chaos:
+	$(GO) vet -tags chaos ./chaos/
+	$(GO) test -tags chaos -count=1 -v -timeout 30m ./chaos/ $(if $(CHAOS_RUN),-run 'TestChaos/$(CHAOS_RUN)$$')
+
+## fuzz: fuzz the event decoder (order.Parse) for FUZZTIME
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test ./internal/order -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME)
+
 ## lint: formatting, go vet and staticcheck
 lint: fmt-check vet staticcheck
 

@@ -1,0 +1,299 @@
+//go:build chaos
+
+package chaos_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"example.com/billing/internal/kafkatest"
+)
+
+// scenarios are run in this order, each on a fresh broker, database and
+// provider; `-run TestChaos/<name>` runs one.
+var scenarios = []scenario{
+	{name: "kill-9", consumers: 3, count: 3000, rate: 200, latency: 30 * time.Millisecond, inject: injectKills},
+	{name: "sigterm", consumers: 3, count: 3000, rate: 200, latency: 20 * time.Millisecond, inject: injectSigterms},
+	{name: "postgres-down", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectPostgres},
+	{name: "provider-down", consumers: 3, count: 3000, rate: 200, latency: 5 * time.Millisecond, inject: injectProviderDown},
+	{name: "provider-resets", consumers: 3, count: 3000, rate: 200, latency: 5 * time.Millisecond, inject: injectResets},
+	{name: "rebalance", consumers: 2, count: 3000, rate: 200, latency: 5 * time.Millisecond, inject: injectRebalances},
+	{name: "broker-faults", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectBrokerFaults},
+	{name: "combined", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectCombined},
+}
+
+func TestChaos(t *testing.T) {
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) { runScenario(t, sc) })
+	}
+}
+
+// moments returns n random moments, one in each of n equal slots of
+// [from, to), in order.
+func moments(rng *rand.Rand, n int, from, to time.Duration) []time.Duration {
+	slot := (to - from) / time.Duration(n)
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = from + time.Duration(i)*slot + time.Duration(rng.Int64N(int64(slot)))
+	}
+	return out
+}
+
+// between returns a random duration in [lo, hi).
+func between(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)))
+}
+
+// kill -9 of a consumer at random moments, restarted each time.
+func injectKills(r *run) {
+	rng := r.rng("kill")
+	for _, at := range moments(rng, 6, time.Second, r.stream.duration()-500*time.Millisecond) {
+		r.sleepUntil(at)
+		r.kill9(rng)
+	}
+}
+
+// SIGTERM during load: each stopped consumer must drain and exit 0 within
+// its grace period; it is started again.
+func injectSigterms(r *run) {
+	rng := r.rng("sigterm")
+	for _, at := range moments(rng, 4, time.Second, r.stream.duration()-time.Second) {
+		r.sleepUntil(at)
+		r.sigterm(rng)
+	}
+}
+
+// PostgreSQL stopped for 10s mid-stream, twice: fast, then immediate.
+func injectPostgres(r *run) {
+	rng := r.rng("postgres")
+	r.sleepUntil(between(rng, 2*time.Second, 3*time.Second))
+	r.pgOutage("fast", 10*time.Second, true)
+	r.sleepUntil(between(rng, 15*time.Second, 16*time.Second))
+	r.pgOutage("immediate", 10*time.Second, true)
+}
+
+// The provider down (503) for 10s.
+func injectProviderDown(r *run) {
+	rng := r.rng("provider-down")
+	r.sleepUntil(between(rng, 2*time.Second, 4*time.Second))
+	r.providerOutage(10 * time.Second)
+}
+
+// The provider resets 20% of the connections after charging, all stream
+// long.
+func injectResets(r *run) {
+	r.resets(0.2, r.stream.duration())
+}
+
+// Consumers join and leave the group: extra serve processes, stopped with
+// SIGTERM after a few seconds, sometimes two at once.
+func injectRebalances(r *run) {
+	rng := r.rng("rebalance")
+	var wg sync.WaitGroup
+	for _, at := range moments(rng, 5, 500*time.Millisecond, r.stream.duration()-2*time.Second) {
+		r.sleepUntil(at)
+		hold := between(rng, 2*time.Second, 5*time.Second)
+		wg.Go(func() { r.joinAndLeave(hold) })
+	}
+	wg.Wait()
+}
+
+// Broker-side errors from kfake's Fault API: failed offset commits (with a
+// consumer killed while they fail, so that its finished messages come back
+// and must be skipped as duplicates), failed fetches, coordinator errors,
+// and failed commits during a rebalance.
+func injectBrokerFaults(r *run) {
+	rng := r.rng("broker")
+	group := kafkatest.Group
+
+	r.sleepUntil(between(rng, 2*time.Second, 3*time.Second))
+	r.brokerFault("commit-fail", 5*time.Second, func() {
+		time.Sleep(between(rng, 2*time.Second, 3*time.Second))
+		r.kill9(rng)
+	}, kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.UnknownServerError, Count: -1})
+
+	r.sleepUntil(between(rng, 8*time.Second, 9*time.Second))
+	p := rng.Perm(partitions)
+	r.brokerFault("fetch-fail", 5*time.Second, nil,
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: kafkatest.Topic, Partitions: []int32{int32(p[0])}, Err: kerr.NotLeaderForPartition, Count: 20},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: kafkatest.Topic, Partitions: []int32{int32(p[1])}, Err: kerr.UnknownServerError, Count: 20},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: kafkatest.Topic, Partitions: []int32{int32(p[2])}, Err: kerr.KafkaStorageError, Count: 10},
+	)
+
+	// Heartbeats fail for 3s: sarama gives up after its retries, ends the
+	// session and joins again, meeting more coordinator errors on the way.
+	r.sleepUntil(between(rng, 14*time.Second, 15*time.Second))
+	r.brokerFault("coord-fail", 3*time.Second, nil,
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.NotCoordinator, Count: -1},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.FindCoordinator}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: 6},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.JoinGroup}, Group: group, Err: kerr.CoordinatorLoadInProgress, Count: 3},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.SyncGroup}, Group: group, Err: kerr.NotCoordinator, Count: 1},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Group: group, Err: kerr.CoordinatorLoadInProgress, Count: 3},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.NotCoordinator, Count: 3},
+	)
+
+	r.sleepUntil(between(rng, 19*time.Second, 20*time.Second))
+	var joined sync.WaitGroup
+	r.brokerFault("commit-fail+join", 4*time.Second, func() {
+		// A consumer joins while commits fail: partitions move, and the
+		// revoked ones' final commits fail too.
+		joined.Go(func() { r.joinAndLeave(between(rng, 5*time.Second, 7*time.Second)) })
+	}, kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.NotCoordinator, Count: -1})
+	joined.Wait()
+}
+
+// Everything at once: resets all stream long, two kill -9s, a consumer
+// joining and leaving, failing commits, PostgreSQL stopped (immediate) for
+// 10s with a SIGTERM during the outage, failing fetches, the provider down
+// for 10s.
+func injectCombined(r *run) {
+	dur := r.stream.duration()
+	var wg sync.WaitGroup
+	wg.Go(func() { r.resets(0.2, dur) })
+	wg.Go(func() {
+		rng := r.rng("kill")
+		for _, at := range moments(rng, 2, time.Second, dur-time.Second) {
+			r.sleepUntil(at)
+			r.kill9(rng)
+		}
+	})
+	wg.Go(func() {
+		rng := r.rng("rebalance")
+		r.sleepUntil(between(rng, time.Second, 2*time.Second))
+		r.joinAndLeave(between(rng, 5*time.Second, 8*time.Second))
+	})
+	wg.Go(func() {
+		// Before the database outage, which stops all progress and so all
+		// commits; failed fetches after it, when the backlog is fetched.
+		rng := r.rng("broker")
+		r.sleepUntil(between(rng, 2*time.Second, 3*time.Second))
+		r.brokerFault("commit-fail", 3*time.Second, nil,
+			kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: kafkatest.Group, Err: kerr.UnknownServerError, Count: -1})
+		r.sleepUntil(between(rng, 17*time.Second, 18*time.Second))
+		p := rng.Perm(partitions)
+		r.brokerFault("fetch-fail", 3*time.Second, nil,
+			kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: kafkatest.Topic, Partitions: []int32{int32(p[0]), int32(p[1])}, Err: kerr.NotLeaderForPartition, Count: 10})
+	})
+	wg.Go(func() {
+		rng := r.rng("postgres")
+		r.sleepUntil(between(rng, 6*time.Second, 7*time.Second))
+		r.pgOutage("immediate", 10*time.Second, false)
+	})
+	wg.Go(func() {
+		// During the database outage: the drain meets transactions that
+		// are failing and retrying.
+		rng := r.rng("sigterm")
+		r.sleepUntil(between(rng, 11*time.Second, 13*time.Second))
+		r.sigterm(rng)
+	})
+	wg.Go(func() {
+		rng := r.rng("provider-down")
+		r.sleepUntil(between(rng, 19*time.Second, 20*time.Second))
+		r.providerOutage(10 * time.Second)
+	})
+	wg.Wait()
+}
+
+// --- fault primitives ---
+
+// pgOutage stops PostgreSQL with pg_ctl stop -m mode for hold, checking
+// meanwhile that /readyz answers 503 and /healthz 200, then starts it again
+// and, when wantReadyAfter, checks that /readyz is 200 again.
+func (r *run) pgOutage(mode string, hold time.Duration, wantReadyAfter bool) {
+	r.fault("pg-stop", "pg_ctl stop -m %s for %s", mode, hold)
+	if err := suite.pg.stop(mode); err != nil {
+		r.t.Errorf("stop PostgreSQL: %v", err)
+		return
+	}
+	down := time.Now()
+	r.checkReadyz(http.StatusServiceUnavailable, 8*time.Second)
+	for time.Since(down) < hold {
+		for _, c := range r.running() {
+			if code := c.get("/healthz"); !c.healthzOK(code) {
+				r.t.Errorf("[+%s] %s /healthz = %d while the database is down, want 200", r.elapsed(), c.name, code)
+			}
+		}
+		time.Sleep(min(time.Second, hold-time.Since(down)))
+	}
+	if err := suite.pg.start(); err != nil {
+		// Fatal is for the test's goroutine; this may run in a track's.
+		r.t.Errorf("start PostgreSQL again: %v", err)
+		return
+	}
+	r.t.Logf("[+%s] PostgreSQL is back after %s", r.elapsed(), time.Since(down).Round(100*time.Millisecond))
+	if wantReadyAfter {
+		r.checkReadyz(http.StatusOK, 30*time.Second)
+	}
+}
+
+// providerOutage switches the provider down (503 to every charge) for hold.
+func (r *run) providerOutage(hold time.Duration) {
+	before, _ := r.psp.stats()
+	if err := r.psp.down(); err != nil {
+		r.t.Errorf("provider down: %v", err)
+		return
+	}
+	r.fault("psp-down", "POST /_down for %s", hold)
+	time.Sleep(hold)
+	if err := r.psp.up(); err != nil {
+		r.t.Errorf("provider up: %v", err)
+		return
+	}
+	after, _ := r.psp.stats()
+	r.t.Logf("[+%s] provider up again; it answered %d charge requests with 503 meanwhile", r.elapsed(), after.DownRejections-before.DownRejections)
+	r.addFaults("503s", int(after.DownRejections-before.DownRejections))
+}
+
+// resets makes the provider reset rate of its connections after charging,
+// for d.
+func (r *run) resets(rate float64, d time.Duration) {
+	if err := r.psp.setFaults(func(o map[string]any) { o["resetRate"] = rate }); err != nil {
+		r.t.Errorf("provider resetRate: %v", err)
+		return
+	}
+	r.fault("psp-resets", "resetRate %.2f for %s", rate, d.Round(time.Second))
+	time.Sleep(d)
+	if err := r.psp.setFaults(func(o map[string]any) { o["resetRate"] = 0 }); err != nil {
+		r.t.Errorf("provider resetRate: %v", err)
+		return
+	}
+	st, _ := r.psp.stats()
+	r.t.Logf("[+%s] provider resets off; %d charges had their connection reset", r.elapsed(), st.Resets)
+	r.addFaults("resets", int(st.Resets))
+}
+
+// brokerFault installs kfake faults for hold, running during (if not nil)
+// meanwhile, then removes them; it returns how many requests they failed.
+func (r *run) brokerFault(kind string, hold time.Duration, during func(), faults ...kfake.Fault) int {
+	h := r.broker.Cluster().Fault(faults...)
+	var what []string
+	for _, f := range faults {
+		var keys []string
+		for _, k := range f.Keys {
+			keys = append(keys, k.Name())
+		}
+		what = append(what, fmt.Sprintf("%s→%s", strings.Join(keys, ","), f.Err.Message))
+	}
+	r.fault(kind, "%v for %s", what, hold)
+	started := time.Now()
+	if during != nil {
+		during()
+	}
+	if wait := hold - time.Since(started); wait > 0 {
+		time.Sleep(wait)
+	}
+	h.Remove()
+	hits := h.Hits()
+	r.t.Logf("[+%s] %s removed: %d requests failed", r.elapsed(), kind, hits)
+	r.addFaults("broker-errors", hits)
+	return hits
+}

@@ -1,0 +1,220 @@
+//go:build chaos
+
+// Package chaos_test is billing's fault-injection suite: it runs real
+// `billing serve` processes, several in one consumer group, against an
+// embedded Kafka-protocol broker (kfake, in this process, so that broker
+// faults can be injected), a throwaway PostgreSQL cluster of its own and
+// `billing fakepsp` as a process, drives a stream of valid, duplicated and
+// invalid events through them while it injects faults, and then checks that
+// every valid event was charged exactly once in effect.
+//
+// It runs only with the build tag chaos (make chaos). Randomness is seeded:
+// CHAOS_SEED (or -seed) replays the event mix and the fault schedule of a
+// failed run; the seed is printed at the start and in the summary.
+package chaos_test
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+var (
+	seedFlag = flag.Int64("seed", 0, "seed of the event mix and the fault schedule (default: CHAOS_SEED, else the time)")
+	keepFlag = flag.Bool("keep", false, "keep the suite's directory (logs, database files) even when every scenario passed (or CHAOS_KEEP=1)")
+)
+
+// suite is what all scenarios share: the billing binary, the PostgreSQL
+// cluster and the directory that holds their files and logs.
+var suite struct {
+	seed   int64
+	dir    string
+	binary string
+	pg     *pgCluster
+
+	mu      sync.Mutex
+	rows    []summaryRow
+	failed  bool
+	started time.Time
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	os.Exit(runSuite(m))
+}
+
+func runSuite(m *testing.M) (code int) {
+	suite.started = time.Now()
+	suite.seed = chooseSeed()
+	fmt.Printf("chaos: seed %d (replay with CHAOS_SEED=%d make chaos)\n", suite.seed, suite.seed)
+
+	dir, err := os.MkdirTemp("", "billing-chaos-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 1
+	}
+	suite.dir = dir
+	defer func() {
+		if code != 0 || suite.failed || *keepFlag || os.Getenv("CHAOS_KEEP") != "" {
+			fmt.Printf("chaos: logs and data kept in %s\n", dir)
+			return
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos: remove", dir, err)
+		}
+	}()
+	// PostgreSQL may run as another user (see pgCluster), which must be
+	// able to reach its directories below this one.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 1
+	}
+
+	if suite.binary, err = buildBinary(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 1
+	}
+	suite.pg, err = startCluster(filepath.Join(dir, "pg"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: PostgreSQL:", err)
+		return 1
+	}
+	defer suite.pg.close()
+	fmt.Printf("chaos: PostgreSQL cluster on 127.0.0.1:%d (%s)\n", suite.pg.port, suite.pg.how)
+
+	code = m.Run()
+	printSummary(os.Stdout)
+	return code
+}
+
+// chooseSeed returns -seed, else CHAOS_SEED, else a seed from the clock.
+func chooseSeed() int64 {
+	if *seedFlag != 0 {
+		return *seedFlag
+	}
+	if s := os.Getenv("CHAOS_SEED"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: CHAOS_SEED=%q is not an integer\n", s)
+			os.Exit(2)
+		}
+		return n
+	}
+	return time.Now().UnixNano() % 1_000_000_000
+}
+
+// buildBinary builds cmd/billing into dir, or returns CHAOS_BINARY when set.
+// Building every time, with the Go build cache, is quick and never runs a
+// stale binary.
+func buildBinary(dir string) (string, error) {
+	if b := os.Getenv("CHAOS_BINARY"); b != "" {
+		abs, err := filepath.Abs(b)
+		if err != nil {
+			return "", err
+		}
+		fmt.Printf("chaos: using CHAOS_BINARY=%s\n", abs)
+		return abs, nil
+	}
+	// The go command that runs this test puts its own GOROOT/bin first in
+	// PATH, so this is the same toolchain.
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("the go command is needed to build cmd/billing (or set CHAOS_BINARY): %w", err)
+	}
+	out := filepath.Join(dir, "billing")
+	started := time.Now()
+	// make build's flags, so that the two share the build cache.
+	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, "example.com/billing/cmd/billing")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if extra := os.Getenv("CHAOS_BUILD_FLAGS"); extra != "" {
+		cmd.Args = append(cmd.Args[:2], append(strings.Fields(extra), cmd.Args[2:]...)...)
+		cmd.Env = os.Environ()
+	}
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/billing: %w\n%s", err, msg)
+	}
+	fmt.Printf("chaos: built %s in %s\n", out, time.Since(started).Round(time.Millisecond))
+	return out, nil
+}
+
+// summaryRow is one scenario's line in the final table.
+type summaryRow struct {
+	scenario  string
+	seed      int64
+	messages  int // published: valid + duplicates + invalid
+	valid     int
+	dups      int           // loadgen's duplicates plus the cross-partition copies
+	cross     int           // of dups: same-bytes copies sent to another partition
+	maxStop   time.Duration // slowest exit after SIGTERM
+	invalid   int
+	faults    string
+	double    int
+	lost      int
+	dlqRepark int
+	zombies   int // members of dead processes the suite evicted (see reapZombies)
+	elapsed   time.Duration
+	passed    bool
+}
+
+func addRow(r summaryRow) {
+	suite.mu.Lock()
+	defer suite.mu.Unlock()
+	suite.rows = append(suite.rows, r)
+	if !r.passed {
+		suite.failed = true
+	}
+}
+
+func printSummary(w io.Writer) {
+	suite.mu.Lock()
+	defer suite.mu.Unlock()
+	if len(suite.rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nchaos summary (seed %d, total %s)\n", suite.seed, time.Since(suite.started).Round(time.Second))
+	header := []string{"scenario", "seed", "messages", "valid", "dups (x-part)", "invalid", "double", "lost", "dlq re-park", "evicted", "slowest stop", "time", "result", "faults injected"}
+	rows := [][]string{header}
+	for _, r := range suite.rows {
+		result := "PASS"
+		if !r.passed {
+			result = "FAIL"
+		}
+		rows = append(rows, []string{
+			r.scenario, strconv.FormatInt(r.seed, 10), strconv.Itoa(r.messages), strconv.Itoa(r.valid),
+			fmt.Sprintf("%d (%d)", r.dups, r.cross), strconv.Itoa(r.invalid), strconv.Itoa(r.double), strconv.Itoa(r.lost),
+			strconv.Itoa(r.dlqRepark), strconv.Itoa(r.zombies), r.maxStop.Round(100 * time.Millisecond).String(),
+			r.elapsed.Round(time.Second).String(), result, r.faults,
+		})
+	}
+	widths := make([]int, len(header))
+	for _, row := range rows {
+		for i, c := range row {
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	for n, row := range rows {
+		var b strings.Builder
+		b.WriteString("|")
+		for i, c := range row {
+			fmt.Fprintf(&b, " %s%s |", c, strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)))
+		}
+		fmt.Fprintln(w, b.String())
+		if n == 0 {
+			b.Reset()
+			b.WriteString("|")
+			for i := range row {
+				b.WriteString(strings.Repeat("-", widths[i]+2) + "|")
+			}
+			fmt.Fprintln(w, b.String())
+		}
+	}
+}

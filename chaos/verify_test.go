@@ -1,0 +1,317 @@
+//go:build chaos
+
+package chaos_test
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/postgres"
+)
+
+// result is what verify measured.
+type result struct {
+	messages, valid, dups, invalid int
+	cross                          int // of dups: copies on another partition
+	double, lost, dlqRepark        int
+}
+
+// position is a message's place in the order topic.
+type position struct {
+	partition int32
+	offset    int64
+}
+
+// verify checks the invariants against the provider's books, the database
+// and the broker, once every consumer has stopped.
+func (r *run) verify() result {
+	t := r.t
+	msgs := r.stream.messages()
+	exp := r.stream.expected
+	var res result
+	res.messages = len(msgs)
+	res.valid, res.invalid = exp.Unique, exp.Invalid
+	res.dups = len(msgs) - exp.Unique - exp.Invalid
+	for _, m := range msgs {
+		if m.cross {
+			res.cross++
+		}
+	}
+	if exp.Produced+res.dups-exp.Duplicates != len(msgs) {
+		t.Errorf("acknowledged %d messages, generated %d plus %d cross-partition copies", len(msgs), exp.Produced, res.dups-exp.Duplicates)
+	}
+
+	events := map[string]loadgen.Event{}
+	for _, ev := range exp.Events {
+		events[ev.ID.String()] = ev
+	}
+	declined := func(ev loadgen.Event) bool { return ev.OrderID%declineEvery == 0 }
+	wantDeclines := exp.Declined(declineEvery)
+	lost := map[string]string{} // event id -> where it is missing
+
+	// --- The broker: what was published is in the topic, and the group
+	// committed all of it.
+	end, err := endOffsets(r.client, kafkatest.Topic)
+	if err != nil {
+		t.Fatalf("end offsets: %v", err)
+	}
+	committed, err := committedOffsets(r.client, kafkatest.Group, kafkatest.Topic)
+	if err != nil {
+		t.Fatalf("committed offsets: %v", err)
+	}
+	var total int64
+	for p := range int32(partitions) {
+		total += end[p]
+		if committed[p] != end[p] {
+			t.Errorf("partition %d: committed offset %d, end offset %d (skipped or left behind)", p, committed[p], end[p])
+		}
+	}
+	if total != int64(len(msgs)) {
+		t.Errorf("the topic holds %d messages, %d were acknowledged", total, len(msgs))
+	}
+
+	// --- The provider: every valid event charged (or declined) exactly once
+	// under its event id, with the exact amount; nothing else.
+	st, err := r.psp.stats()
+	if err != nil {
+		t.Fatalf("provider stats: %v", err)
+	}
+	charges, err := r.psp.charges()
+	if err != nil {
+		t.Fatalf("provider charges: %v", err)
+	}
+	byKey := map[string][]pspCharge{}
+	byOrder := map[int64]int{}
+	for _, c := range charges {
+		byKey[c.IdempotencyKey] = append(byKey[c.IdempotencyKey], c)
+		byOrder[c.OrderID]++
+		ev, ok := events[c.IdempotencyKey]
+		switch {
+		case !ok:
+			t.Errorf("provider charge %s under key %q (order %d) is not a valid event's: an invalid event reached the provider", c.ID, c.IdempotencyKey, c.OrderID)
+		case declined(ev):
+			t.Errorf("provider charged order %d, which it should have declined", ev.OrderID)
+		case c.OrderID != ev.OrderID || c.CustomerID != ev.CustomerID || c.Amount != ev.Amount.Minor || c.Currency != ev.Amount.Currency:
+			t.Errorf("provider charge %s for event %s: order %d customer %d %d %s, want order %d customer %d %d %s",
+				c.ID, c.IdempotencyKey, c.OrderID, c.CustomerID, c.Amount, c.Currency, ev.OrderID, ev.CustomerID, ev.Amount.Minor, ev.Amount.Currency)
+		}
+	}
+	for order, n := range byOrder {
+		if n > 1 {
+			res.double++
+			t.Errorf("order %d charged %d times at the provider", order, n)
+		}
+	}
+	if st.OrdersChargedTwice != 0 {
+		t.Errorf("provider ordersChargedTwice = %d", st.OrdersChargedTwice)
+		res.double = max(res.double, int(st.OrdersChargedTwice))
+	}
+	for id, ev := range events {
+		if !declined(ev) && len(byKey[id]) == 0 {
+			lost[id] = "not charged at the provider"
+		}
+	}
+	if int(st.ChargesCreated) != exp.Unique-wantDeclines {
+		t.Errorf("provider created %d charges, want %d", st.ChargesCreated, exp.Unique-wantDeclines)
+	}
+	if int(st.Declines) != wantDeclines {
+		t.Errorf("provider declined %d requests, want %d", st.Declines, wantDeclines)
+	}
+	if int(st.DistinctKeys) != exp.Unique {
+		t.Errorf("provider holds outcomes of %d keys, want %d (one per valid event)", st.DistinctKeys, exp.Unique)
+	}
+	if st.Mismatches != 0 || st.Unauthorized != 0 {
+		t.Errorf("provider saw %d key mismatches, %d unauthorized: want none", st.Mismatches, st.Unauthorized)
+	}
+	switch kills := r.count("kill-9"); {
+	case st.BadRequests > 0 && kills == 0:
+		t.Errorf("provider answered %d requests 400: an invalid request reached it", st.BadRequests)
+	case st.BadRequests > 0:
+		// A process killed while it sent a request leaves the provider a
+		// truncated body, which it answers 400 to nobody. A 400 that
+		// billing did receive would have parked its event as
+		// provider-rejected, which the DLQ check below rejects.
+		t.Logf("provider answered %d truncated requests 400 (cut off by kill -9; nobody received the answer)", st.BadRequests)
+	}
+	t.Logf("provider: %d requests, %d charges, %d declines, %d replays, %d conflicts (409), %d resets, %d down rejections, %d injected 503s",
+		st.Requests, st.ChargesCreated, st.Declines, st.Replays, st.Conflicts, st.Resets, st.DownRejections, st.InjectedFailures)
+
+	// --- The database: processed_event holds exactly the valid events, the
+	// charge table agrees with the provider.
+	db, err := postgres.Open(r.dsn, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var processed []string
+	if err := db.Select(&processed, `SELECT event_id::text FROM processed_event WHERE consumer_group = $1`, kafkatest.Group); err != nil {
+		t.Fatalf("read processed_event: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, id := range processed {
+		if seen[id] {
+			t.Errorf("processed_event holds %s twice", id)
+		}
+		seen[id] = true
+		if _, ok := events[id]; !ok {
+			t.Errorf("processed_event holds %s, which is not a valid event", id)
+		}
+	}
+	for id := range events {
+		if !seen[id] {
+			lost[id] += "; not in processed_event"
+		}
+	}
+	var rows []struct {
+		EventID    string `db:"event_id"`
+		OrderID    int64  `db:"order_id"`
+		CustomerID int64  `db:"customer_id"`
+		Amount     int64  `db:"amount_minor"`
+		Currency   string `db:"currency"`
+		Status     string `db:"status"`
+		ProviderID string `db:"provider_charge_id"`
+	}
+	if err := db.Select(&rows, `SELECT event_id::text AS event_id, order_id, customer_id, amount_minor, currency, status,
+		coalesce(provider_charge_id, '') AS provider_charge_id FROM charge`); err != nil {
+		t.Fatalf("read charge: %v", err)
+	}
+	rowOf := map[string]bool{}
+	succeeded := map[int64]int{}
+	for _, row := range rows {
+		rowOf[row.EventID] = true
+		ev, ok := events[row.EventID]
+		if !ok {
+			t.Errorf("charge row for %s, which is not a valid event", row.EventID)
+			continue
+		}
+		if row.OrderID != ev.OrderID || row.CustomerID != ev.CustomerID || row.Amount != ev.Amount.Minor || row.Currency != ev.Amount.Currency {
+			t.Errorf("charge row of %s: order %d customer %d %d %s, want order %d customer %d %d %s",
+				row.EventID, row.OrderID, row.CustomerID, row.Amount, row.Currency, ev.OrderID, ev.CustomerID, ev.Amount.Minor, ev.Amount.Currency)
+		}
+		switch row.Status {
+		case "succeeded":
+			succeeded[row.OrderID]++
+			pc := byKey[row.EventID]
+			if len(pc) != 1 || pc[0].ID != row.ProviderID {
+				t.Errorf("charge row of %s says provider charge %q; the provider has %v", row.EventID, row.ProviderID, pc)
+			}
+		case "declined":
+			if !declined(ev) {
+				t.Errorf("charge row of %s (order %d) is declined; the provider charges that order", row.EventID, ev.OrderID)
+			}
+		default:
+			t.Errorf("charge row of %s has status %q", row.EventID, row.Status)
+		}
+	}
+	for order, n := range succeeded {
+		if n > 1 {
+			res.double++
+			t.Errorf("order %d has %d succeeded charge rows", order, n)
+		}
+	}
+	for id := range events {
+		if !rowOf[id] {
+			lost[id] += "; no charge row"
+		}
+	}
+	for id := range byKey {
+		if _, ok := events[id]; ok && !rowOf[id] {
+			t.Errorf("the provider charged %s but the charge table does not know it", id)
+		}
+	}
+
+	// --- The dead-letter topic: every invalid message, unchanged, with its
+	// reason and origin, and nothing else.
+	invalidAt := map[position]*sent{}
+	for _, m := range msgs {
+		if m.kind == loadgen.Invalid {
+			invalidAt[position{m.partition, m.offset}] = m
+		}
+	}
+	dlq, err := readTopic(r.client, kafkatest.DLQTopic)
+	if err != nil {
+		t.Fatalf("read the DLQ: %v", err)
+	}
+	parked := map[position]int{}
+	for _, d := range dlq {
+		reason := kafkatest.Header(d, kafka.HeaderReason)
+		part, perr := strconv.ParseInt(kafkatest.Header(d, kafka.HeaderOriginalPartition), 10, 32)
+		off, oerr := strconv.ParseInt(kafkatest.Header(d, kafka.HeaderOriginalOffset), 10, 64)
+		where := fmt.Sprintf("DLQ message %d/%d", d.Partition, d.Offset)
+		if !strings.HasPrefix(reason, "invalid-event: ") {
+			t.Errorf("%s: x-dlq-reason %q, want invalid-event: ...", where, reason)
+		}
+		if got := kafkatest.Header(d, kafka.HeaderOriginalTopic); got != kafkatest.Topic {
+			t.Errorf("%s: x-original-topic %q", where, got)
+		}
+		if got := kafkatest.Header(d, kafka.HeaderConsumerGroup); got != kafkatest.Group {
+			t.Errorf("%s: x-consumer-group %q", where, got)
+		}
+		if perr != nil || oerr != nil {
+			t.Errorf("%s: x-original-partition/offset unreadable: %v %v", where, perr, oerr)
+			continue
+		}
+		pos := position{int32(part), off}
+		orig, ok := invalidAt[pos]
+		if !ok {
+			t.Errorf("%s: from %d/%d, which is not an invalid message (reason %q)", where, pos.partition, pos.offset, reason)
+			continue
+		}
+		if !bytes.Equal(d.Value, orig.value) || !bytes.Equal(d.Key, orig.key) {
+			t.Errorf("%s: key or value differ from the original at %d/%d (%s)", where, pos.partition, pos.offset, orig.defect)
+		}
+		parked[pos]++
+		if parked[pos] > 1 {
+			res.dlqRepark++
+		}
+	}
+	var notParked []string
+	for pos, m := range invalidAt {
+		if parked[pos] == 0 {
+			notParked = append(notParked, fmt.Sprintf("%d/%d (%s)", pos.partition, pos.offset, m.defect))
+		}
+	}
+	sort.Strings(notParked)
+	if len(notParked) > 0 {
+		t.Errorf("%d invalid messages are not in the DLQ: %s", len(notParked), strings.Join(notParked, ", "))
+	}
+	if res.dlqRepark > 0 {
+		// At least once: a consumer that dies (or loses a commit) after the
+		// DLQ acknowledged a message and before its offset was committed
+		// parks it again. Same bytes, same origin; counted, not an error.
+		t.Logf("DLQ: %d messages parked more than once (same origin, same bytes)", res.dlqRepark)
+	}
+
+	res.lost = len(lost)
+	if len(lost) > 0 {
+		ids := make([]string, 0, len(lost))
+		for id := range lost {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		if len(ids) > 20 {
+			t.Errorf("%d lost events; the first 20:", len(ids))
+			ids = ids[:20]
+		}
+		where := map[string][]string{}
+		for _, m := range msgs {
+			if m.kind != loadgen.Invalid && len(m.value) > 0 {
+				for _, id := range ids {
+					if bytes.Contains(m.value, []byte(id)) {
+						where[id] = append(where[id], fmt.Sprintf("%d/%d", m.partition, m.offset))
+					}
+				}
+			}
+		}
+		for _, id := range ids {
+			t.Errorf("lost event %s (order %d, at %v): %s", id, events[id].OrderID, where[id], strings.TrimPrefix(lost[id], "; "))
+		}
+	}
+	return res
+}
