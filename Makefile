@@ -6,7 +6,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/billing
 
-.PHONY: build demo test lint vet staticcheck fmt-check vuln clean bench-dedup
+.PHONY: build demo test bench lint vet staticcheck fmt-check vuln clean bench-dedup
 
 ## build: the static billing binary in bin/
 build:
@@ -55,6 +55,11 @@ staticcheck: bin/staticcheck
 ## vuln: known vulnerabilities (needs access to vuln.go.dev)
 vuln: bin/govulncheck
 	bin/govulncheck ./...
+
+## bench: end-to-end throughput, billing vs the seed's design, and pgbench
+## (see BENCHMARKS.md; ~4 min)
+bench: build
+	$(GO) run ./bench/throughput $(ARGS)
 
 ## bench-dedup: processed_event at 10M rows, v7 vs v4 keys, DROP PARTITION vs
 ## DELETE, in a throwaway database on the local PostgreSQL (see BENCHMARKS.md;

@@ -95,7 +95,7 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	go retention.Every(ctx, cfg.Dedup.MaintenanceInterval)
 
 	// --- Kafka: the consumer's client and the dead-letter producer.
-	client, err := connectKafka(ctx, cfg.Kafka, log)
+	client, err := connectKafka(ctx, cfg.Kafka, cfg.Consumer, log)
 	if err != nil || client == nil {
 		return err
 	}
@@ -201,10 +201,18 @@ func waitForDatabase(ctx context.Context, db *sqlx.DB, log *slog.Logger) error {
 
 // connectKafka connects to the brokers, waiting while none answers. It
 // returns a nil client and no error when ctx ends first.
-func connectKafka(ctx context.Context, k config.Kafka, log *slog.Logger) (sarama.Client, error) {
+func connectKafka(ctx context.Context, k config.Kafka, c config.Consumer, log *slog.Logger) (sarama.Client, error) {
 	cfg, err := kafka.ConsumerConfig(k)
 	if err != nil {
 		return nil, err
+	}
+	if c.CommitEveryMessage {
+		// sarama sends one request at a time per broker connection, so a
+		// synchronous commit waits behind the fetch long-poll (up to
+		// MaxWaitTime, 500 ms) when the coordinator leads the partitions
+		// too. Polling briefly keeps that wait from dominating the
+		// commit-per-message mode.
+		cfg.Consumer.MaxWaitTime = 10 * time.Millisecond
 	}
 	retry := backoff.NewExponentialBackOff()
 	retry.MaxInterval = 10 * time.Second
