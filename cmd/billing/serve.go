@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -92,7 +93,9 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	if _, err := retention.Run(ctx); err != nil {
 		log.Warn("dedup maintenance failed at start; the consumer creates missing partitions itself", "err", err)
 	}
-	go retention.Every(ctx, cfg.Dedup.MaintenanceInterval)
+	var maintenance sync.WaitGroup
+	defer func() { cancel(nil); maintenance.Wait() }() // stopped before the pool closes under it
+	maintenance.Go(func() { retention.Every(ctx, cfg.Dedup.MaintenanceInterval) })
 
 	// --- Kafka: the consumer's client and the dead-letter producer.
 	client, err := connectKafka(ctx, cfg.Kafka, cfg.Consumer, log)

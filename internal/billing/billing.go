@@ -165,9 +165,9 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 
 	err := p.settle(ctx, results, valid)
 	if dedup.IsMissingPartition(err) {
-		// Maintenance has not created this day's partition (yet): create it
-		// and try again at once rather than retry forever.
-		if err = p.ensurePartitions(ctx, results, valid); err == nil {
+		// An event's day has no partition: retention dropped it (the event
+		// cannot be judged) or maintenance has not created it (yet).
+		if valid, err = p.healPartitions(ctx, results, valid); err == nil && len(valid) > 0 {
 			err = p.settle(ctx, results, valid)
 		}
 	}
@@ -203,13 +203,32 @@ func (p *Processor) judgeTime(ev order.Event, now time.Time) (code, detail strin
 	return "", ""
 }
 
-func (p *Processor) ensurePartitions(ctx context.Context, results []Result, idx []int) error {
-	ids := make([]uuid.UUID, len(idx))
-	for n, i := range idx {
-		ids[n] = results[i].Event.ID
+// healPartitions parks the events of days that retention dropped, creates
+// the missing partitions of the others rather than retry forever, and
+// returns the events still to settle.
+func (p *Processor) healPartitions(ctx context.Context, results []Result, idx []int) ([]int, error) {
+	droppedBefore, err := dedup.DroppedBefore(ctx, p.db)
+	if err != nil {
+		return idx, err
+	}
+	var keep []int
+	var ids []uuid.UUID
+	for _, i := range idx {
+		ev := results[i].Event
+		if dedup.Day(ev.ID).Before(droppedBefore) {
+			results[i].Outcome, results[i].Code = Parked, CodeStaleEvent
+			results[i].Detail = fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
+				ev.IDTime().Format(time.RFC3339), droppedBefore.Format(time.DateOnly))
+			continue
+		}
+		keep = append(keep, i)
+		ids = append(ids, ev.ID)
+	}
+	if len(ids) == 0 {
+		return nil, nil
 	}
 	p.log.Warn("processed_event has no partition for an event's day; creating it (is `billing maintain` running?)")
-	return dedup.EnsurePartitions(ctx, p.db, ids)
+	return keep, dedup.EnsurePartitions(ctx, p.db, ids)
 }
 
 // settle runs the events results[idx] in one transaction and fills their

@@ -349,3 +349,61 @@ func seedProviderKey(t *testing.T, f *fixture, ev order.Event) {
 		t.Fatal(err)
 	}
 }
+
+func TestProcess_EventOfADroppedDayIsParkedNotChargedAgain(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	// Maintenance with a shorter retention than this consumer's dropped the
+	// day three days ago: its records are gone.
+	id, err := order.NewIDAt(time.Now().Add(-3 * 24 * time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	day := dedup.Day(id)
+	if _, err := f.db.Exec(`INSERT INTO processed_event_horizon (dropped_before) VALUES ($1)`, day.AddDate(0, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(`DROP TABLE processed_event_p` + day.Format("20060102")); err != nil {
+		t.Fatal(err)
+	}
+	ev, _ := newEvent(t, 31, time.Now())
+	ev.ID = id
+	res := process(t, f.proc, marshal(t, ev))
+	if res[0].Outcome != billing.Parked || res[0].Code != billing.CodeStaleEvent {
+		t.Fatalf("outcome %v %q, want parked stale-event", res[0].Outcome, res[0].Code)
+	}
+	if f.psp.Stats().Requests != 0 {
+		t.Errorf("an event of a dropped day reached the provider")
+	}
+	var n int
+	if err := f.db.Get(&n, `SELECT count(*) FROM pg_class WHERE relname = $1`, "processed_event_p"+day.Format("20060102")); err != nil || n != 0 {
+		t.Errorf("the dropped day's partition was recreated (%d, %v)", n, err)
+	}
+}
+
+func TestProcess_EventSettledUnderAnotherGroupIsNotChargedAgain(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{DeclineEvery: 2})
+	_, declined := newEvent(t, 2, time.Now())
+	_, charged := newEvent(t, 3, time.Now())
+	process(t, f.proc, declined, charged)
+	before := f.psp.Stats().Requests
+
+	// A second consumer group on the same database (or a group whose
+	// offsets were reset) meets the same events as new.
+	m := metrics.New(prometheus.NewRegistry())
+	srv := httptest.NewServer(f.psp)
+	defer srv.Close()
+	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConns: 4}, m)
+	defer payer.Close()
+	other := billing.NewProcessor(f.db, dedup.NewStore("another-group"), payer,
+		billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}, m, noop.NewTracerProvider(),
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	res := process(t, other, declined, charged)
+	for i, r := range res {
+		if r.Outcome != billing.Duplicate {
+			t.Errorf("event %d under another group: %v, want duplicate (its charge row exists)", i, r.Outcome)
+		}
+	}
+	if got := f.psp.Stats().Requests; got != before {
+		t.Errorf("%d more provider requests for events already settled", got-before)
+	}
+}

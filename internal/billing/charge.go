@@ -49,7 +49,7 @@ func chargeOrders(ctx context.Context, tx *sqlx.Tx, payer Payer, events []order.
 	}
 	// A separate statement after the locks: under READ COMMITTED it takes a
 	// fresh snapshot and so sees a charge committed by the lock's last holder.
-	paid, err := succeededOrders(ctx, tx, orderIDs)
+	paid, settled, err := recordedCharges(ctx, tx, orderIDs)
 	if err != nil {
 		return nil, err
 	}
@@ -63,6 +63,13 @@ func chargeOrders(ctx context.Context, tx *sqlx.Tx, payer Payer, events []order.
 		wg.Go(func() {
 			for i, ev := range events {
 				if ev.OrderID != id {
+					continue
+				}
+				if settled[ev.ID.String()] {
+					// This very event already has its charge row: settled
+					// under another consumer group sharing the database, or
+					// before its dedup record was lost. Never ask again.
+					outcomes[i] = Duplicate
 					continue
 				}
 				if alreadyPaid {
@@ -119,27 +126,39 @@ func firstError(errs []error) error {
 }
 
 func lockOrders(ctx context.Context, tx *sqlx.Tx, orderIDs []int64) error {
-	// The sorted subquery fixes the order in which the locks are taken.
+	// ORDER BY at the top level: PostgreSQL evaluates a volatile function of
+	// the select list after sorting, so the locks are taken in key order.
 	const q = `
-SELECT count(pg_advisory_xact_lock($1, h))
-FROM (SELECT DISTINCT hashint8(id) AS h FROM unnest($2::int8[]) AS id ORDER BY h) AS keys`
+SELECT pg_advisory_xact_lock($1, h)
+FROM (SELECT DISTINCT hashint8(id) AS h FROM unnest($2::int8[]) AS id) AS keys
+ORDER BY h`
 	if _, err := tx.ExecContext(ctx, q, orderLockSpace, pq.Int64Array(orderIDs)); err != nil {
 		return fmt.Errorf("lock orders: %w", err)
 	}
 	return nil
 }
 
-func succeededOrders(ctx context.Context, tx *sqlx.Tx, orderIDs []int64) (map[int64]bool, error) {
-	const q = `SELECT order_id FROM charge WHERE order_id = ANY($1::int8[]) AND status = 'succeeded'`
-	var paid []int64
-	if err := tx.SelectContext(ctx, &paid, q, pq.Int64Array(orderIDs)); err != nil {
-		return nil, fmt.Errorf("select succeeded charges: %w", err)
+// recordedCharges reads the charge rows of orderIDs: which orders have a
+// succeeded charge, and which events already have a row of their own.
+func recordedCharges(ctx context.Context, tx *sqlx.Tx, orderIDs []int64) (paid map[int64]bool, settled map[string]bool, err error) {
+	const q = `SELECT event_id, order_id, status FROM charge WHERE order_id = ANY($1::int8[])`
+	var rows []struct {
+		EventID string `db:"event_id"`
+		OrderID int64  `db:"order_id"`
+		Status  string `db:"status"`
 	}
-	m := make(map[int64]bool, len(orderIDs))
-	for _, id := range paid {
-		m[id] = true
+	if err := tx.SelectContext(ctx, &rows, q, pq.Int64Array(orderIDs)); err != nil {
+		return nil, nil, fmt.Errorf("select charges: %w", err)
 	}
-	return m, nil
+	paid = make(map[int64]bool, len(orderIDs))
+	settled = make(map[string]bool, len(rows))
+	for _, r := range rows {
+		settled[r.EventID] = true
+		if r.Status == "succeeded" {
+			paid[r.OrderID] = true
+		}
+	}
+	return paid, settled, nil
 }
 
 // chargeRows holds the charge table's columns as arrays, so that a whole
@@ -153,7 +172,8 @@ func insertCharges(ctx context.Context, tx *sqlx.Tx, events []order.Event, outco
 	const q = `
 INSERT INTO charge (event_id, order_id, customer_id, amount_minor, currency, status, provider_charge_id)
 SELECT e, o, c, a, cur, s, NULLIF(p, '')
-FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[]) AS t(e, o, c, a, cur, s, p)`
+FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[]) AS t(e, o, c, a, cur, s, p)
+ON CONFLICT (event_id) DO NOTHING`
 
 	var rows chargeRows
 	for i, ev := range events {

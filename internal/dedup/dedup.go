@@ -81,6 +81,7 @@ func (s *Store) Claim(ctx context.Context, tx *sqlx.Tx, entries []Entry) ([]Verd
 	const q = `
 INSERT INTO processed_event (event_id, consumer_group, fingerprint)
 SELECT id, $3, fp FROM unnest($1::uuid[], $2::bytea[]) AS e(id, fp)
+ORDER BY id -- two batches sharing ids insert them in one order: no deadlock
 ON CONFLICT DO NOTHING
 RETURNING event_id`
 
@@ -95,38 +96,37 @@ RETURNING event_id`
 		return nil, fmt.Errorf("insert processed_event: %w", err)
 	}
 
+	// Every copy of an id this claim inserted is judged against the copy
+	// that was inserted (its first); every copy of an id recorded before,
+	// against that record.
 	verdicts := make([]Verdict, len(entries))
-	seen := make(map[uuid.UUID][32]byte, len(entries))
+	firstCopy := make(map[uuid.UUID][32]byte, len(entries))
 	var earlier []uuid.UUID
 	for i, e := range entries {
-		if fp, ok := seen[e.ID]; ok { // a second copy in this batch
+		if !inserted[e.ID] {
+			earlier = append(earlier, e.ID)
+			continue
+		}
+		if fp, ok := firstCopy[e.ID]; ok {
 			verdicts[i] = judge(fp[:], e.Fingerprint)
 			continue
 		}
-		seen[e.ID] = e.Fingerprint
-		if !inserted[e.ID] {
-			earlier = append(earlier, e.ID)
-			verdicts[i] = Duplicate // refined below
-		}
+		firstCopy[e.ID] = e.Fingerprint
+		verdicts[i] = First
 	}
 	if len(earlier) == 0 {
 		return verdicts, nil
 	}
-
 	// A separate statement: under READ COMMITTED it sees the row of a
 	// transaction that committed while the insert waited on it.
 	recorded, err := s.fingerprints(ctx, tx, earlier)
 	if err != nil {
 		return nil, err
 	}
-	claimed := make(map[uuid.UUID]bool, len(entries))
 	for i, e := range entries {
-		if claimed[e.ID] || inserted[e.ID] {
-			claimed[e.ID] = true
-			continue
+		if !inserted[e.ID] {
+			verdicts[i] = judge(recorded[e.ID], e.Fingerprint)
 		}
-		claimed[e.ID] = true
-		verdicts[i] = judge(recorded[e.ID], e.Fingerprint)
 	}
 	return verdicts, nil
 }

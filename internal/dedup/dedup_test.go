@@ -86,6 +86,17 @@ func TestClaim(t *testing.T) {
 		}
 	})
 
+	t.Run("OK_CopiesOfARecordedEventAreJudgedAgainstTheRecord", func(t *testing.T) {
+		// a was recorded above; a batch holds two tampered copies and then
+		// a true one: every tampered copy is a mismatch, the true one a
+		// duplicate, whatever their order.
+		got := claim(t, db, s, tampered, tampered, a)
+		want := []dedup.Verdict{dedup.Mismatch, dedup.Mismatch, dedup.Duplicate}
+		if !slices.Equal(got, want) {
+			t.Errorf("verdicts %v, want %v", got, want)
+		}
+	})
+
 	t.Run("OK_GroupsAreIndependent", func(t *testing.T) {
 		if got := claim(t, db, dedup.NewStore("g2"), a); got[0] != dedup.First {
 			t.Errorf("another group's first claim: %v", got[0])
@@ -289,4 +300,36 @@ func partitionNames(t *testing.T, db *sqlx.DB) []string {
 		t.Fatal(err)
 	}
 	return names
+}
+
+func TestRetention_ADroppedDayIsNeverRecreated(t *testing.T) {
+	db, _ := dbtest.New(t)
+	m := metrics.New(prometheus.NewRegistry())
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	now := time.Now().UTC()
+	old := idAt(t, now.Add(-5*24*time.Hour))
+	if err := dedup.EnsurePartitions(context.Background(), db, []uuid.UUID{old}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A maintainer keeping 3 days drops the day 5 days ago...
+	if _, err := dedup.NewRetention(db, 3*24*time.Hour, 3, m, log).Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before, err := dedup.DroppedBefore(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := now.Add(-3 * 24 * time.Hour).Truncate(24 * time.Hour); !before.Equal(want) {
+		t.Fatalf("dropped_before = %s, want %s", before, want)
+	}
+	// ...and one keeping 30 days (an operator raised DEDUP_RETENTION) must
+	// not bring it back empty: its events would look new.
+	if _, err := dedup.NewRetention(db, 30*24*time.Hour, 3, m, log).Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	name := "processed_event_p" + dedup.Day(old).Format("20060102")
+	if slices.Contains(partitionNames(t, db), name) {
+		t.Errorf("%s was recreated after it was dropped", name)
+	}
 }

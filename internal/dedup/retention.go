@@ -91,8 +91,20 @@ func (r *Retention) Run(ctx context.Context) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
+	horizonDay := rep.Horizon.Truncate(24 * time.Hour)
+	droppedBefore, err := DroppedBefore(ctx, conn)
+	if err != nil {
+		return rep, err
+	}
 
-	for day := rep.Horizon.Truncate(24 * time.Hour); !day.After(now.Truncate(24*time.Hour).AddDate(0, 0, r.ahead)); day = day.AddDate(0, 0, 1) {
+	// Days before an earlier drop stay gone, even when this maintainer keeps
+	// more history than the one that dropped them: an empty partition would
+	// make their events look new.
+	first := horizonDay
+	if droppedBefore.After(first) {
+		first = droppedBefore
+	}
+	for day := first; !day.After(now.Truncate(24*time.Hour).AddDate(0, 0, r.ahead)); day = day.AddDate(0, 0, 1) {
 		name := partitionPrefix + day.Format("20060102")
 		if _, ok := existing[name]; ok {
 			continue
@@ -104,6 +116,16 @@ func (r *Retention) Run(ctx context.Context) (Report, error) {
 		rep.Created = append(rep.Created, name)
 	}
 
+	// Record where the memory ends before forgetting anything (every
+	// partition wholly older than the horizon is a day before horizonDay).
+	if horizonDay.After(droppedBefore) && hasDayBefore(existing, horizonDay) {
+		const q = `
+INSERT INTO processed_event_horizon (dropped_before) VALUES ($1)
+ON CONFLICT (only_row) DO UPDATE SET dropped_before = greatest(processed_event_horizon.dropped_before, excluded.dropped_before)`
+		if _, err := conn.ExecContext(ctx, q, horizonDay.Format(time.DateOnly)); err != nil {
+			return rep, fmt.Errorf("record the dedup horizon: %w", err)
+		}
+	}
 	for name, p := range existing {
 		// Wholly older than the horizon: its last instant is before it.
 		if !p.day.AddDate(0, 0, 1).After(rep.Horizon) {
@@ -129,6 +151,29 @@ func (r *Retention) Run(ctx context.Context) (Report, error) {
 	r.log.Info("dedup maintenance done", "created", rep.Created, "dropped", rep.Dropped,
 		"partitions", rep.Partitions, "oldest", rep.Oldest, "horizon", rep.Horizon)
 	return rep, nil
+}
+
+func hasDayBefore(ps map[string]partition, day time.Time) bool {
+	for _, p := range ps {
+		if p.day.Before(day) {
+			return true
+		}
+	}
+	return false
+}
+
+// DroppedBefore is the first day whose records the dedup store still holds
+// after retention dropped older ones; the zero time when nothing was ever
+// dropped. An event of an earlier day cannot be judged.
+func DroppedBefore(ctx context.Context, db sqlx.QueryerContext) (time.Time, error) {
+	var day []time.Time
+	if err := sqlx.SelectContext(ctx, db, &day, `SELECT dropped_before FROM processed_event_horizon`); err != nil {
+		return time.Time{}, fmt.Errorf("read the dedup horizon: %w", err)
+	}
+	if len(day) == 0 {
+		return time.Time{}, nil
+	}
+	return day[0].UTC(), nil
 }
 
 type partition struct {

@@ -126,7 +126,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		select {
 		case <-returned:
 		case <-time.After(c.opts.DrainTimeout + stopGrace):
-			c.log.Warn("the consumer group did not stop within the drain timeout (a rebalance in progress?); closing the broker connections")
+			c.log.Warn("the consumer group did not stop within the drain timeout (a rebalance or a dead-letter write in progress?); closing the broker connections")
+			_ = c.dlq.Close() // a Park blocked on an unreachable broker fails; its message stays unmarked
 			_ = c.client.Close()
 		}
 	})
@@ -328,7 +329,7 @@ func (p *partition) handle(batch []*message) {
 				continue
 			case billing.Parked:
 				if perr := p.c.dlq.Park(m.msg, r.Reason()); perr != nil {
-					err, failed = perr, "dlq"
+					err, failed = errors.Join(err, perr), "dlq"
 					again = append(again, m)
 					continue
 				}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/tracing"
@@ -35,6 +36,14 @@ func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
 	defer func() {
 		if paused {
 			p.c.group.Resume(map[string][]int32{p.topic: {p.id}})
+		}
+		// Messages never handed to a lane are left for the partition's next
+		// owner; their spans end here.
+		for _, q := range queues {
+			for _, m := range q {
+				m.span.SetStatus(codes.Error, "abandoned: the partition was released before it was processed")
+				m.span.End()
+			}
 		}
 	}()
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/IBM/sarama"
 )
@@ -24,9 +25,11 @@ const maxReason = 1024
 // DLQ parks messages that cannot be processed as they are in the
 // dead-letter topic, unchanged, with headers that say why.
 type DLQ struct {
-	producer sarama.SyncProducer
-	topic    string
-	group    string
+	producer  sarama.SyncProducer
+	topic     string
+	group     string
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // NewDLQ returns a DLQ that writes to topic through producer, which must be
@@ -40,7 +43,7 @@ func NewDLQ(producer sarama.SyncProducer, topic, group string) *DLQ {
 // them) are kept; dead-letter headers of an earlier parking are replaced.
 func (d *DLQ) Park(m *sarama.ConsumerMessage, reason string) error {
 	if len(reason) > maxReason {
-		reason = reason[:maxReason]
+		reason = strings.ToValidUTF8(reason[:maxReason], "")
 	}
 	headers := make([]sarama.RecordHeader, 0, len(m.Headers)+5)
 	for _, h := range m.Headers {
@@ -71,7 +74,12 @@ func (d *DLQ) Park(m *sarama.ConsumerMessage, reason string) error {
 }
 
 // Close closes the producer.
-func (d *DLQ) Close() error { return d.producer.Close() }
+// Close closes the producer, which fails a Park in progress; it may be
+// called more than once.
+func (d *DLQ) Close() error {
+	d.closeOnce.Do(func() { d.closeErr = d.producer.Close() })
+	return d.closeErr
+}
 
 func isDLQHeader(k string) bool {
 	return k == HeaderReason || strings.HasPrefix(k, "x-original-") || k == HeaderConsumerGroup
