@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jmoiron/sqlx"
 	"github.com/pressly/goose/v3"
 
 	"example.com/billing/db/migrations"
@@ -19,18 +20,7 @@ import (
 // losing a row, and every old row is still a duplicate afterwards.
 func TestPartitioningKeepsExistingRows(t *testing.T) {
 	ctx := context.Background()
-	db, err := postgres.Open(dbtest.Empty(t), 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db.DB, migrations.FS, goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := provider.UpTo(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	db, _ := atPipelineSchema(t)
 
 	// Rows of a deployment that ran the plain table for a month.
 	var ids []uuid.UUID
@@ -79,18 +69,7 @@ func TestPartitioningKeepsExistingRows(t *testing.T) {
 
 func TestPartitioningRefusesIDsWithoutTime(t *testing.T) {
 	ctx := context.Background()
-	db, err := postgres.Open(dbtest.Empty(t), 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db.DB, migrations.FS, goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := provider.UpTo(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	db, provider := atPipelineSchema(t)
 	if _, err := db.Exec(`INSERT INTO processed_event (event_id, consumer_group) VALUES (gen_random_uuid(), 'g')`); err != nil {
 		t.Fatal(err)
 	}
@@ -101,4 +80,24 @@ func TestPartitioningRefusesIDsWithoutTime(t *testing.T) {
 	if err := db.Get(&rows, `SELECT count(*) FROM processed_event`); err != nil || rows != 1 {
 		t.Fatalf("the failed migration lost rows: %d, %v", rows, err)
 	}
+}
+
+// atPipelineSchema returns a fresh database migrated to version 1 only (the
+// plain processed_event of the pipeline), and the provider that can take it
+// further.
+func atPipelineSchema(t *testing.T) (*sqlx.DB, *goose.Provider) {
+	t.Helper()
+	db, err := postgres.Open(dbtest.Empty(t), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	provider, err := goose.NewProvider(goose.DialectPostgres, db.DB, migrations.FS, goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.UpTo(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	return db, provider
 }

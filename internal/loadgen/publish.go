@@ -52,7 +52,9 @@ func Publish(ctx context.Context, p sarama.AsyncProducer, g *Generator, opts Pub
 	start := time.Now()
 	var sent, settled, produced int
 	var firstErr error
-	settle := func(err error) {
+	// settle counts the broker's answer about pm and ends its span.
+	settle := func(pm *sarama.ProducerMessage, err error) {
+		endSpan(pm, err)
 		settled++
 		if err != nil {
 			if firstErr == nil {
@@ -107,11 +109,9 @@ func Publish(ctx context.Context, p sarama.AsyncProducer, g *Generator, opts Pub
 				queued = true
 				sent++
 			case ack := <-p.Successes():
-				endSpan(ack, nil)
-				settle(nil)
+				settle(ack, nil)
 			case perr := <-p.Errors():
-				endSpan(perr.Msg, perr)
-				settle(perr)
+				settle(perr.Msg, perr)
 			case <-ctx.Done():
 				return Result{Produced: produced, Elapsed: time.Since(start)}, ctx.Err()
 			}
@@ -120,11 +120,9 @@ func Publish(ctx context.Context, p sarama.AsyncProducer, g *Generator, opts Pub
 	for settled < sent {
 		select {
 		case ack := <-p.Successes():
-			endSpan(ack, nil)
-			settle(nil)
+			settle(ack, nil)
 		case perr := <-p.Errors():
-			endSpan(perr.Msg, perr)
-			settle(perr)
+			settle(perr.Msg, perr)
 		case <-ctx.Done():
 			return Result{Produced: produced, Elapsed: time.Since(start)}, ctx.Err()
 		}
@@ -138,17 +136,15 @@ func Publish(ctx context.Context, p sarama.AsyncProducer, g *Generator, opts Pub
 
 // waitFor waits for due while settling acknowledgements, so that a slow
 // rate never leaves the producer blocked on an unread success.
-func waitFor(ctx context.Context, due <-chan time.Time, p sarama.AsyncProducer, settle func(error)) error {
+func waitFor(ctx context.Context, due <-chan time.Time, p sarama.AsyncProducer, settle func(*sarama.ProducerMessage, error)) error {
 	for {
 		select {
 		case <-due:
 			return nil
 		case ack := <-p.Successes():
-			endSpan(ack, nil)
-			settle(nil)
+			settle(ack, nil)
 		case perr := <-p.Errors():
-			endSpan(perr.Msg, perr)
-			settle(perr)
+			settle(perr.Msg, perr)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
