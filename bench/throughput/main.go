@@ -192,7 +192,7 @@ func runScenario(sc scenario, binary, server string, partitions int32) (result, 
 		return res, err
 	}
 	defer client.Close()
-	end, err := endOffsets(client)
+	end, err := kafka.EndOffsets(client, topic)
 	if err != nil {
 		return res, err
 	}
@@ -228,12 +228,8 @@ func runScenario(sc scenario, binary, server string, partitions int32) (result, 
 		return res, err
 	}
 
-	admin, err := sarama.NewClusterAdminFromClient(client)
-	if err != nil {
-		return res, err
-	}
 	for {
-		done, err := caughtUp(admin, end)
+		done, err := caughtUp(client, end)
 		if err != nil {
 			return res, err
 		}
@@ -271,34 +267,14 @@ func runScenario(sc scenario, binary, server string, partitions int32) (result, 
 	return res, nil
 }
 
-func endOffsets(client sarama.Client) (map[int32]int64, error) {
-	parts, err := client.Partitions(topic)
-	if err != nil {
-		return nil, err
-	}
-	end := map[int32]int64{}
-	for _, p := range parts {
-		if end[p], err = client.GetOffset(topic, p, sarama.OffsetNewest); err != nil {
-			return nil, err
-		}
-	}
-	return end, nil
-}
-
-func caughtUp(admin sarama.ClusterAdmin, end map[int32]int64) (bool, error) {
-	parts := make([]int32, 0, len(end))
-	for p := range end {
-		parts = append(parts, p)
-	}
-	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
-	if errors.Is(err, sarama.ErrGroupIDNotFound) {
-		return false, nil
-	}
+// caughtUp reports whether the group committed every partition to end.
+func caughtUp(client sarama.Client, end map[int32]int64) (bool, error) {
+	committed, err := kafka.CommittedOffsets(client, group, topic)
 	if err != nil {
 		return false, err
 	}
 	for p, e := range end {
-		if b := resp.GetBlock(topic, p); b == nil || b.Offset != e {
+		if committed[p] != e {
 			return false, nil
 		}
 	}

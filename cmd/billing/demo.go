@@ -333,52 +333,19 @@ func (d *demo) publishAndWait(ctx context.Context, genOpts loadgen.Options) erro
 // end offsets minus committed offsets, over all partitions, read from the
 // broker.
 func (d *demo) lag() (int64, error) {
-	end, err := endOffsets(d.client, d.kafkaCfg.Topic)
+	end, err := kafka.EndOffsets(d.client, d.kafkaCfg.Topic)
 	if err != nil {
 		return 0, err
 	}
-	admin, err := sarama.NewClusterAdminFromClient(d.client)
-	if err != nil {
-		return 0, err
-	}
-	// Not closed: that would close the shared client.
-	parts := make([]int32, 0, len(end))
-	for p := range end {
-		parts = append(parts, p)
-	}
-	resp, err := admin.ListConsumerGroupOffsets(d.kafkaCfg.GroupID, map[string][]int32{d.kafkaCfg.Topic: parts})
+	committed, err := kafka.CommittedOffsets(d.client, d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
 	if err != nil {
 		return 0, err
 	}
 	var lag int64
 	for p, e := range end {
-		committed := int64(0)
-		if b := resp.GetBlock(d.kafkaCfg.Topic, p); b != nil && b.Offset >= 0 {
-			committed = b.Offset
-		}
-		lag += max(e-committed, 0)
+		lag += max(e-max(committed[p], 0), 0)
 	}
 	return lag, nil
-}
-
-// endOffsets returns the high-water mark of every partition of topic.
-func endOffsets(client sarama.Client, topic string) (map[int32]int64, error) {
-	if err := client.RefreshMetadata(topic); err != nil {
-		return nil, err
-	}
-	parts, err := client.Partitions(topic)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[int32]int64, len(parts))
-	for _, p := range parts {
-		o, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			return nil, err
-		}
-		out[p] = o
-	}
-	return out, nil
 }
 
 func sumOffsets(m map[int32]int64) int64 {
@@ -424,12 +391,12 @@ type demoSummary struct {
 // and /metrics.
 func (d *demo) measure(ctx context.Context) (demoSummary, error) {
 	var s demoSummary
-	end, err := endOffsets(d.client, d.kafkaCfg.Topic)
+	end, err := kafka.EndOffsets(d.client, d.kafkaCfg.Topic)
 	if err != nil {
 		return s, fmt.Errorf("demo: read end offsets: %w", err)
 	}
 	s.produced = sumOffsets(end)
-	dlqEnd, err := endOffsets(d.client, d.kafkaCfg.DLQTopic)
+	dlqEnd, err := kafka.EndOffsets(d.client, d.kafkaCfg.DLQTopic)
 	if err != nil {
 		return s, fmt.Errorf("demo: read dead-letter end offsets: %w", err)
 	}

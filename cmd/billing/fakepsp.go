@@ -41,15 +41,8 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
-	switch {
-	case opts.Latency < 0:
-		return errors.New("fakepsp: --latency must not be negative")
-	case opts.FailRate < 0 || opts.FailRate > 1:
-		return errors.New("fakepsp: --fail-rate must be within [0, 1]")
-	case opts.ResetRate < 0 || opts.ResetRate > 1:
-		return errors.New("fakepsp: --reset-rate must be within [0, 1]")
-	case opts.DeclineEvery < 0:
-		return errors.New("fakepsp: --decline-every must not be negative")
+	if err := opts.Validate(); err != nil {
+		return fmt.Errorf("fakepsp: bad flag: %w", err)
 	}
 	opts.APIKey = environ["PAYMENT_API_KEY"]
 

@@ -81,17 +81,42 @@ type service struct {
 // serve starts `billing serve` in-process and waits for /readyz.
 func (h *harness) serve(env map[string]string) *service {
 	h.t.Helper()
+	s := startServe(h.t, env)
+	s.waitReady(h.t)
+	return s
+}
+
+// startServe starts `billing serve` in-process and waits only for /healthz:
+// for a service that is not expected to become ready. It is stopped when
+// the test ends, and its logs shown if the test failed.
+func startServe(t *testing.T, env map[string]string) *service {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &service{addr: env["HTTP_ADDR"], cancel: cancel, done: make(chan error, 1), logs: &syncBuffer{}}
 	go func() { s.done <- run(ctx, []string{"billing", "serve"}, env, io.Discard, s.logs) }()
-	h.t.Cleanup(func() {
-		s.stop(h.t)
-		if h.t.Failed() {
-			h.t.Logf("serve logs:\n%s", s.logs.String())
+	t.Cleanup(func() {
+		s.stop(t)
+		if t.Failed() {
+			t.Logf("serve logs:\n%s", s.logs.String())
 		}
 	})
-	s.waitReady(h.t)
+	eventually(t, 20*time.Second, "/healthz", func() bool {
+		select {
+		case err := <-s.done:
+			s.done <- err
+			t.Fatalf("serve exited: %v\n%s", err, s.logs.String())
+		default:
+		}
+		code, _ := get(s.addr, "/healthz")
+		return code == http.StatusOK
+	})
 	return s
+}
+
+// waitLog waits until the logs contain substr.
+func (s *service) waitLog(t *testing.T, substr string) {
+	t.Helper()
+	eventually(t, 20*time.Second, "log "+substr, func() bool { return strings.Contains(s.logs.String(), substr) })
 }
 
 func (s *service) waitReady(t *testing.T) {

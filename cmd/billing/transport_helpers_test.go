@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,7 +8,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -17,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -223,63 +220,6 @@ func (h *harness) environWith(extra map[string]string, overrides ...string) map[
 		env[overrides[i]] = overrides[i+1]
 	}
 	return env
-}
-
-// background is a `billing serve` that is not expected to become ready: it
-// runs until stopped and records its logs.
-type background struct {
-	env    map[string]string
-	logs   *syncBuffer
-	cancel context.CancelFunc
-	done   chan error
-
-	stopOnce sync.Once
-}
-
-func startBackground(t *testing.T, env map[string]string) *background {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &background{env: env, logs: &syncBuffer{}, cancel: cancel, done: make(chan error, 1)}
-	go func() { b.done <- run(ctx, []string{"billing", "serve"}, env, io.Discard, b.logs) }()
-	t.Cleanup(func() {
-		b.stop(t)
-		if t.Failed() {
-			t.Logf("serve logs:\n%s", b.logs.String())
-		}
-	})
-	eventually(t, 20*time.Second, "/healthz", func() bool {
-		select {
-		case err := <-b.done:
-			b.done <- err
-			t.Fatalf("serve exited: %v\n%s", err, b.logs.String())
-		default:
-		}
-		code, _ := get(env["HTTP_ADDR"], "/healthz")
-		return code == http.StatusOK
-	})
-	return b
-}
-
-// stop cancels serve and requires a clean exit; it may be called twice.
-func (b *background) stop(t *testing.T) {
-	t.Helper()
-	b.stopOnce.Do(func() {
-		b.cancel()
-		select {
-		case err := <-b.done:
-			if err != nil {
-				t.Errorf("serve exited with %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("serve did not stop within 30s")
-		}
-	})
-}
-
-// waitLog waits until the logs contain substr.
-func (b *background) waitLog(t *testing.T, substr string) {
-	t.Helper()
-	eventually(t, 20*time.Second, "log "+substr, func() bool { return strings.Contains(b.logs.String(), substr) })
 }
 
 // staysUnready requires /readyz to answer 503 naming the consumer group

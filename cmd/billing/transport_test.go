@@ -204,7 +204,7 @@ func TestServe_SecretsNeverReachLogsOrMetrics(t *testing.T) {
 
 	t.Run("SASL refused", func(t *testing.T) {
 		wrong := h.environWith(env, "KAFKA_SASL_PASSWORD", saslPassword+"-wrong", "HTTP_ADDR", freeAddr(t))
-		b := startBackground(t, wrong)
+		b := startServe(t, wrong)
 		b.waitLog(t, "kafka unreachable")
 		requireNoSecretsServed(t, wrong["HTTP_ADDR"])
 		b.stop(t)
@@ -215,7 +215,7 @@ func TestServe_SecretsNeverReachLogsOrMetrics(t *testing.T) {
 		away := h.environWith(env,
 			"DATABASE_URL", "postgres://billing:"+dbPassword+"@"+freeAddr(t)+"/billing?sslmode=disable",
 			"HTTP_ADDR", freeAddr(t))
-		b := startBackground(t, away)
+		b := startServe(t, away)
 		b.waitLog(t, "database unreachable")
 		requireNoSecretsServed(t, away["HTTP_ADDR"])
 		b.stop(t)
@@ -268,7 +268,7 @@ func chargesAndParks(t *testing.T, h *harness, env map[string]string) {
 // meanwhile by h's (accepted) client is not consumed.
 func neverGetsASession(t *testing.T, h *harness, env map[string]string) {
 	t.Helper()
-	b := startBackground(t, env)
+	b := startServe(t, env)
 	b.waitLog(t, "kafka unreachable")
 	_, value := event(t, 51, 700, "EUR")
 	h.publish(0, "51", value)
@@ -347,7 +347,7 @@ func TestServe_DatabaseSSLModePassesThrough(t *testing.T) {
 		pki := newPKI(t)
 		dsn := withParams(t, h.dsn, "sslmode", "verify-full", "sslrootcert", pki.caFile)
 		env := h.environ("DATABASE_URL", dsn)
-		b := startBackground(t, env)
+		b := startServe(t, env)
 		b.waitLog(t, "tls: failed to verify certificate")
 		code, body := get(env["HTTP_ADDR"], "/readyz")
 		if code != http.StatusServiceUnavailable || !strings.Contains(body, "database") {

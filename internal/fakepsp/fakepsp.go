@@ -68,10 +68,10 @@ type Options struct {
 	Seed int64 `json:"seed"`
 }
 
-// validate rejects options that cannot be meant. Only PUT /_faults uses it:
-// New and SetOptions have no error to return, and out-of-range values there
-// behave as the nearest valid one.
-func (o Options) validate() error {
+// Validate rejects options that cannot be meant. PUT /_faults and the
+// fakepsp command use it; New and SetOptions have no error to return, and
+// out-of-range values there behave as the nearest valid one.
+func (o Options) Validate() error {
 	switch {
 	case o.Latency < 0:
 		return errors.New("latency must not be negative")
@@ -255,7 +255,7 @@ func (s *Server) handlePutFaults(w http.ResponseWriter, r *http.Request) {
 	}
 	err := decodeJSON(w, r, &body)
 	if err == nil {
-		err = body.Options.validate()
+		err = body.Options.Validate()
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())

@@ -18,13 +18,6 @@ func partitionLabel(p int32) string { return strconv.FormatInt(int64(p), 10) }
 // broker rather than from what this process believes it committed, and
 // refreshed while a partition is idle too.
 func (c *Consumer) reportLag(ctx context.Context) {
-	// The admin shares the consumer's client; closing it would close the
-	// client, so it is not closed here.
-	admin, err := sarama.NewClusterAdminFromClient(c.client)
-	if err != nil {
-		c.log.Warn("consumer lag unavailable", "err", err)
-		return
-	}
 	t := time.NewTicker(lagInterval)
 	defer t.Stop()
 	for {
@@ -42,7 +35,7 @@ func (c *Consumer) reportLag(ctx context.Context) {
 		if len(parts) == 0 {
 			continue
 		}
-		committed, err := admin.ListConsumerGroupOffsets(c.opts.Group, map[string][]int32{c.opts.Topic: parts})
+		committed, err := CommittedOffsets(c.client, c.opts.Group, c.opts.Topic)
 		if err != nil {
 			c.log.Debug("read committed offsets", "err", err)
 			continue
@@ -52,10 +45,7 @@ func (c *Consumer) reportLag(ctx context.Context) {
 			if err != nil {
 				continue
 			}
-			from := int64(-1)
-			if b := committed.GetBlock(c.opts.Topic, id); b != nil && b.Err == sarama.ErrNoError {
-				from = b.Offset
-			}
+			from := committed[id]
 			if from < 0 { // nothing committed yet: the group starts at the oldest offset
 				if from, err = c.client.GetOffset(c.opts.Topic, id, sarama.OffsetOldest); err != nil {
 					continue

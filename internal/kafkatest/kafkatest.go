@@ -6,13 +6,13 @@ package kafkatest
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/kafka"
 )
 
 // Topic names of the contract's defaults.
@@ -95,55 +95,22 @@ type Offsets map[int32]int64
 // EndOffsets returns every partition's high-water mark.
 func EndOffsets(t testing.TB, client sarama.Client, topic string) Offsets {
 	t.Helper()
-	if err := client.RefreshMetadata(topic); err != nil {
-		t.Fatal(err)
-	}
-	parts, err := client.Partitions(topic)
+	end, err := kafka.EndOffsets(client, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := Offsets{}
-	for _, p := range parts {
-		o, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[p] = o
-	}
-	return out
+	return end
 }
 
 // Committed returns group's committed offset of every partition of topic,
 // -1 where nothing is committed.
 func Committed(t testing.TB, client sarama.Client, group, topic string) Offsets {
 	t.Helper()
-	parts, err := client.Partitions(topic)
+	committed, err := kafka.CommittedOffsets(client, group, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := sarama.NewClusterAdminFromClient(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Not closed: closing the admin would close the shared client.
-	out := Offsets{}
-	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
-	if errors.Is(err, sarama.ErrGroupIDNotFound) { // the group has not joined yet
-		for _, p := range parts {
-			out[p] = -1
-		}
-		return out
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range parts {
-		out[p] = -1
-		if b := resp.GetBlock(topic, p); b != nil {
-			out[p] = b.Offset
-		}
-	}
-	return out
+	return committed
 }
 
 // WaitCaughtUp waits until group has committed every partition of topic up
