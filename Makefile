@@ -6,7 +6,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/billing
 
-.PHONY: build demo test bench lint vet staticcheck fmt-check vuln clean bench-dedup
+.PHONY: build demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup
 
 ## build: the static billing binary in bin/
 build:
@@ -18,9 +18,21 @@ demo:
 	$(GO) run ./cmd/billing demo $(DEMO_FLAGS)
 
 ## test: every test, with the race detector, against the local PostgreSQL
+## and KAFKA_TEST_BROKER (default: Apache Kafka where Java and Maven are
+## installed, else the embedded kfake broker; see README "Testing")
 test:
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd deploy/check && $(GO) test -count=1 ./...
+
+## test-kfake: the tests that talk to a broker, on the embedded kfake broker
+KAFKA_PACKAGES := ./cmd/... ./internal/kafka/... ./internal/kafkatest/... ./internal/loadgen/...
+test-kfake:
+	KAFKA_TEST_BROKER=kfake $(GO) test -race -count=1 -timeout 20m $(KAFKA_PACKAGES)
+
+## kafka: resolve the pinned Apache Kafka (test/kafka/pom.xml) into the cache
+## the tests use (~/.cache/billing/kafka-<version>); they do it on first use
+kafka:
+	$(GO) run ./internal/apachekafka/cmd/kafkajars
 
 ## chaos: the fault-injection suite (see README): real serve processes, an
 ## embedded broker, a throwaway PostgreSQL cluster, fakepsp; ~10 min.

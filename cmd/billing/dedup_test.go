@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/order"
@@ -45,7 +44,7 @@ func TestServe_StaleAndTamperedEventsAreParkedUncharged(t *testing.T) {
 		t.Fatalf("provider stats %+v: only the first event may reach it", st)
 	}
 	reasons := map[string]string{}
-	for _, m := range kafkatest.ReadAll(t, h.client, kafkatest.DLQTopic) {
+	for _, m := range kafkatest.ReadAll(t, h.client, h.broker.DLQTopic) {
 		reasons[string(m.Value)] = kafkatest.Header(m, kafka.HeaderReason)
 	}
 	if r := reasons[string(tamperedValue)]; !strings.HasPrefix(r, "payload-mismatch: ") {
@@ -61,27 +60,19 @@ func TestServe_StaleAndTamperedEventsAreParkedUncharged(t *testing.T) {
 }
 
 func TestServe_RefusesADedupRetentionShorterThanTheTopics(t *testing.T) {
-	h := newHarness(t, 1)
 	month := strconv.FormatInt((30 * 24 * time.Hour).Milliseconds(), 10)
-	b, err := devkafka.Start(devkafka.Options{
-		Topics: []string{kafkatest.Topic, kafkatest.DLQTopic}, Partitions: 1,
-		TopicConfigs: map[string]string{"retention.ms": month},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	h := newHarness(t, 1, kafkatest.TopicConfig(map[string]string{"retention.ms": month}))
 
-	env := h.environ("KAFKA_BROKERS", b.Addr())
+	env := h.environ()
 	var logs syncBuffer
-	err = run(t.Context(), []string{"billing", "serve"}, env, &logs, &logs)
+	err := run(t.Context(), []string{"billing", "serve"}, env, &logs, &logs)
 	if err == nil || !strings.Contains(err.Error(), "DEDUP_RETENTION") || !strings.Contains(err.Error(), "DEDUP_ALLOW_SHORT_RETENTION") {
 		t.Fatalf("serve = %v, want a refusal naming DEDUP_RETENTION and the override", err)
 	}
 
 	// The operator accepts it explicitly: serve starts, says so loudly, and
 	// the metric shows the shortfall.
-	s := h.serve(h.environ("KAFKA_BROKERS", b.Addr(), "DEDUP_ALLOW_SHORT_RETENTION", "true"))
+	s := h.serve(h.environ("DEDUP_ALLOW_SHORT_RETENTION", "true"))
 	if got := s.metric(t, "billing_dedup_retention_shortfall_seconds"); got != (23 * 24 * time.Hour).Seconds() {
 		t.Errorf("shortfall metric = %v, want 23 days", got)
 	}
@@ -91,7 +82,7 @@ func TestServe_RefusesADedupRetentionShorterThanTheTopics(t *testing.T) {
 
 	// With a retention that covers the topic, no complaint.
 	s.stop(t)
-	s = h.serve(h.environ("KAFKA_BROKERS", b.Addr(), "DEDUP_RETENTION", "720h"))
+	s = h.serve(h.environ("DEDUP_RETENTION", "720h"))
 	if got := s.metric(t, "billing_dedup_retention_shortfall_seconds"); got != 0 {
 		t.Errorf("shortfall metric = %v, want 0", got)
 	}

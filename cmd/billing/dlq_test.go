@@ -49,21 +49,21 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 	h.publish(1, "bad", []byte(`{"eventId":"oops"}`))
 	h.publish(1, "42", okValue)
 	h.waitCaughtUp()
-	if got := len(kafkatest.ReadAll(t, h.client, kafkatest.DLQTopic)); got != 2 {
+	if got := len(kafkatest.ReadAll(t, h.client, h.broker.DLQTopic)); got != 2 {
 		t.Fatalf("DLQ holds %d messages, want 2", got)
 	}
-	topicEnd := kafkatest.EndOffsets(t, h.client, kafkatest.Topic)
+	topicEnd := kafkatest.EndOffsets(t, h.client, h.broker.Topic)
 
 	// The operator fixes the provider.
 	fixed := fakepsp.New(fakepsp.Options{Seed: 2})
 	psp.Store(fixed)
 
 	out := dlqReplay(t, env, "--reason", "provider-rejected", "--dry-run")
-	if !strings.Contains(out, `would replay orders.confirmed.dlq/`) || !strings.Contains(out, `key="41" -> orders.confirmed/0 reason="provider-rejected: `) ||
+	if !strings.Contains(out, "would replay "+h.broker.DLQTopic+"/") || !strings.Contains(out, `key="41" -> `+h.broker.Topic+`/0 reason="provider-rejected: `) ||
 		!strings.Contains(out, "dry run: would replay 1, passed over 1") || strings.Contains(out, "oops") {
 		t.Errorf("dry run output:\n%s", out)
 	}
-	if end := kafkatest.EndOffsets(t, h.client, kafkatest.Topic); end[0] != topicEnd[0] || end[1] != topicEnd[1] {
+	if end := kafkatest.EndOffsets(t, h.client, h.broker.Topic); end[0] != topicEnd[0] || end[1] != topicEnd[1] {
 		t.Fatalf("dry run published: end offsets %v, were %v", end, topicEnd)
 	}
 
@@ -87,7 +87,7 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 	// An invalid event, replayed, is parked again and counted.
 	dlqReplay(t, env, "--reason", "invalid-event")
 	h.waitCaughtUp()
-	parked := kafkatest.ReadAll(t, h.client, kafkatest.DLQTopic)
+	parked := kafkatest.ReadAll(t, h.client, h.broker.DLQTopic)
 	if len(parked) != 3 {
 		t.Fatalf("DLQ holds %d messages, want 3", len(parked))
 	}

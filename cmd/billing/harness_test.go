@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -19,7 +20,6 @@ import (
 	"github.com/prometheus/common/model"
 
 	"example.com/billing/internal/dbtest"
-	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/order"
@@ -30,7 +30,7 @@ import (
 // fake payment provider with idempotency and faults.
 type harness struct {
 	t      *testing.T
-	broker *devkafka.Broker
+	broker *kafkatest.Broker
 	client sarama.Client
 	db     *sqlx.DB
 	dsn    string
@@ -38,10 +38,10 @@ type harness struct {
 	pspURL string
 }
 
-func newHarness(t *testing.T, partitions int32) *harness {
+func newHarness(t *testing.T, partitions int32, opts ...kafkatest.Option) *harness {
 	t.Helper()
 	h := &harness{t: t}
-	h.broker = kafkatest.StartBroker(t, partitions)
+	h.broker = kafkatest.Start(t, partitions, opts...)
 	h.client = kafkatest.Client(t, h.broker.Addr())
 	h.db, h.dsn = dbtest.New(t)
 	h.psp = fakepsp.New(fakepsp.Options{Seed: 1})
@@ -53,15 +53,15 @@ func newHarness(t *testing.T, partitions int32) *harness {
 
 // environ is serve's environment, with overrides applied.
 func (h *harness) environ(overrides ...string) map[string]string {
-	env := map[string]string{
-		"KAFKA_BROKERS":    h.broker.Addr(),
+	env := h.broker.Env()
+	maps.Copy(env, map[string]string{
 		"DATABASE_URL":     h.dsn,
 		"PAYMENT_BASE_URL": h.pspURL,
 		"PAYMENT_TIMEOUT":  "2s",
 		"HTTP_ADDR":        freeAddr(h.t),
 		"LOG_LEVEL":        "debug",
 		"DRAIN_TIMEOUT":    "5s",
-	}
+	})
 	for i := 0; i+1 < len(overrides); i += 2 {
 		env[overrides[i]] = overrides[i+1]
 	}
@@ -206,12 +206,12 @@ func event(t *testing.T, orderID int64, minor int64, currency string) (order.Eve
 // publish writes value with the order id as key to partition.
 func (h *harness) publish(partition int32, key string, value []byte) {
 	h.t.Helper()
-	kafkatest.Produce(h.t, h.client, kafkatest.Topic, kafkatest.Message{Partition: partition, Key: []byte(key), Value: value})
+	kafkatest.Produce(h.t, h.client, h.broker.Topic, kafkatest.Message{Partition: partition, Key: []byte(key), Value: value})
 }
 
 func (h *harness) waitCaughtUp() {
 	h.t.Helper()
-	kafkatest.WaitCaughtUp(h.t, h.client, kafkatest.Group, kafkatest.Topic, 60*time.Second)
+	kafkatest.WaitCaughtUp(h.t, h.client, h.broker.Group, h.broker.Topic, 60*time.Second)
 }
 
 // count runs a count(*) query.

@@ -71,7 +71,7 @@ func TestServe_ChargesEveryEventOnce(t *testing.T) {
 	if got := s.metric(t, `billing_payment_requests_total{result="charged"}`); got != n {
 		t.Errorf("payment charged requests = %v, want %d", got, n)
 	}
-	if got := len(kafkatest.ReadAll(t, h.client, kafkatest.DLQTopic)); got != 0 {
+	if got := len(kafkatest.ReadAll(t, h.client, h.broker.DLQTopic)); got != 0 {
 		t.Errorf("DLQ holds %d messages, want 0", got)
 	}
 }
@@ -88,7 +88,7 @@ func TestServe_DuplicatesInOneAndInDifferentPartitionsAreSkipped(t *testing.T) {
 		key := []byte(strconv.FormatInt(orderID, 10))
 		// The same bytes three times: twice in one partition, once in
 		// another, as a redelivering producer or a replay would.
-		kafkatest.Produce(t, h.client, kafkatest.Topic,
+		kafkatest.Produce(t, h.client, h.broker.Topic,
 			kafkatest.Message{Partition: 0, Key: key, Value: value},
 			kafkatest.Message{Partition: 0, Key: key, Value: value},
 			kafkatest.Message{Partition: 1 + int32(i%2), Key: key, Value: value},
@@ -129,7 +129,7 @@ func TestServe_RedeliveryAfterCrashBeforeOffsetCommitIsSkipped(t *testing.T) {
 
 	// The charges are committed in PostgreSQL; now lose the offset commits,
 	// as a crash between the database commit and the offset commit would.
-	kafkatest.ResetOffsets(t, h.client, kafkatest.Group, kafkatest.Topic, 0)
+	kafkatest.ResetOffsets(t, h.client, h.broker.Group, h.broker.Topic, 0)
 
 	s2 := h.serve(h.environ())
 	h.waitCaughtUp()
@@ -155,7 +155,7 @@ func TestServe_ProviderOutageIsRetriedWithTheSameKey(t *testing.T) {
 	if got := h.count(`SELECT count(*) FROM processed_event`); got != 0 {
 		t.Fatalf("an event whose charge failed is recorded as processed")
 	}
-	if c := kafkatest.Committed(t, h.client, kafkatest.Group, kafkatest.Topic); c[0] > 0 {
+	if c := kafkatest.Committed(t, h.client, h.broker.Group, h.broker.Topic); c[0] > 0 {
 		t.Fatalf("offset committed past an unfinished message: %v", c)
 	}
 	h.psp.SetOptions(fakepsp.Options{Seed: 1})
@@ -168,7 +168,7 @@ func TestServe_ProviderOutageIsRetriedWithTheSameKey(t *testing.T) {
 	if got := s.metric(t, `billing_payment_requests_total{result="server_error"}`); got < 2 {
 		t.Errorf("server_error requests = %v, want >= 2", got)
 	}
-	if got := len(kafkatest.ReadAll(t, h.client, kafkatest.DLQTopic)); got != 0 {
+	if got := len(kafkatest.ReadAll(t, h.client, h.broker.DLQTopic)); got != 0 {
 		t.Errorf("an outage sent %d messages to the DLQ", got)
 	}
 }
@@ -250,12 +250,12 @@ func TestServe_InvalidAndRejectedEventsAreParkedWithReasons(t *testing.T) {
 		if b.value != "" {
 			v = []byte(b.value)
 		}
-		kafkatest.Produce(t, h.client, kafkatest.Topic, kafkatest.Message{Partition: int32(i % 2), Key: []byte("k" + strconv.Itoa(i)), Value: v})
+		kafkatest.Produce(t, h.client, h.broker.Topic, kafkatest.Message{Partition: int32(i % 2), Key: []byte("k" + strconv.Itoa(i)), Value: v})
 	}
 	h.publish(1, "88", value)
 	h.waitCaughtUp()
 
-	parked := kafkatest.ReadAll(t, h.client, kafkatest.DLQTopic)
+	parked := kafkatest.ReadAll(t, h.client, h.broker.DLQTopic)
 	if len(parked) != len(bad)+1 {
 		t.Fatalf("DLQ holds %d messages, want %d", len(parked), len(bad)+1)
 	}
@@ -266,10 +266,10 @@ func TestServe_InvalidAndRejectedEventsAreParkedWithReasons(t *testing.T) {
 				t.Errorf("parked message lacks header %s", hdr)
 			}
 		}
-		if got := kafkatest.Header(m, kafka.HeaderOriginalTopic); got != kafkatest.Topic {
+		if got := kafkatest.Header(m, kafka.HeaderOriginalTopic); got != h.broker.Topic {
 			t.Errorf("x-original-topic = %q", got)
 		}
-		if got := kafkatest.Header(m, kafka.HeaderConsumerGroup); got != kafkatest.Group {
+		if got := kafkatest.Header(m, kafka.HeaderConsumerGroup); got != h.broker.Group {
 			t.Errorf("x-consumer-group = %q", got)
 		}
 		byValue[string(m.Value)] = kafkatest.Header(m, kafka.HeaderReason)
@@ -315,7 +315,7 @@ func TestServe_TwoEventsForOneOrderChargeItOnce(t *testing.T) {
 			_, value := event(t, orderID, 3000, "EUR")
 			msgs = append(msgs, kafkatest.Message{Partition: p, Key: []byte(strconv.FormatInt(orderID, 10)), Value: value})
 		}
-		kafkatest.Produce(t, h.client, kafkatest.Topic, msgs...)
+		kafkatest.Produce(t, h.client, h.broker.Topic, msgs...)
 	}
 	h.waitCaughtUp()
 

@@ -18,10 +18,10 @@ import (
 )
 
 // runProduce runs `billing produce` to completion and returns its summary.
-func runProduce(t *testing.T, addr string, args ...string) produceSummary {
+func runProduce(t *testing.T, b *kafkatest.Broker, args ...string) produceSummary {
 	t.Helper()
 	var stdout, stderr syncBuffer
-	env := map[string]string{"KAFKA_BROKERS": addr}
+	env := map[string]string{"KAFKA_BROKERS": b.Addr(), "KAFKA_TOPIC": b.Topic}
 	if err := run(t.Context(), append([]string{"billing", "produce"}, args...), env, &stdout, &stderr); err != nil {
 		t.Fatalf("produce %v: %v\n%s", args, err, stderr.String())
 	}
@@ -40,8 +40,8 @@ func runProduce(t *testing.T, addr string, args ...string) produceSummary {
 
 func TestProduce_PublishesTheMixItWasAskedFor(t *testing.T) {
 	const partitions = 6
-	broker := kafkatest.StartBroker(t, partitions)
-	sum := runProduce(t, broker.Addr(), "--count", "400", "--duplicates", "0.1", "--invalid", "0.05",
+	broker := kafkatest.Start(t, partitions)
+	sum := runProduce(t, broker, "--count", "400", "--duplicates", "0.1", "--invalid", "0.05",
 		"--first-order", "5000", "--currencies", "EUR,JPY,KWD", "--seed", "9")
 
 	// The summary: counts within rounding of the flags.
@@ -53,11 +53,11 @@ func TestProduce_PublishesTheMixItWasAskedFor(t *testing.T) {
 	}
 
 	client := kafkatest.Client(t, broker.Addr())
-	msgs := kafkatest.ReadAll(t, client, kafkatest.Topic)
+	msgs := kafkatest.ReadAll(t, client, broker.Topic)
 	if len(msgs) != 400 {
 		t.Fatalf("the topic holds %d messages, want 400", len(msgs))
 	}
-	hash := sarama.NewHashPartitioner(kafkatest.Topic)
+	hash := sarama.NewHashPartitioner(broker.Topic)
 	seen := map[string]int{} // value → copies
 	var valid, invalid int
 	orders := map[int64]bool{}
@@ -142,8 +142,8 @@ func TestProduce_ProducerIsIdempotentWithAcksAll(t *testing.T) {
 }
 
 func TestProduce_RateLimitsThePublishing(t *testing.T) {
-	broker := kafkatest.StartBroker(t, 1)
-	sum := runProduce(t, broker.Addr(), "--count", "21", "--rate", "100", "--duplicates", "0")
+	broker := kafkatest.Start(t, 1)
+	sum := runProduce(t, broker, "--count", "21", "--rate", "100", "--duplicates", "0")
 	elapsed, err := time.ParseDuration(sum.Elapsed)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"net/url"
 	"strings"
@@ -10,7 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafkatest"
 )
@@ -23,98 +24,65 @@ import (
 // parked by the dead-letter producer over the same secured connection.
 
 func TestServe_KafkaMutualTLS(t *testing.T) {
-	pki := newPKI(t)
-	kenv := map[string]string{
-		"KAFKA_TLS_ENABLED":   "true",
-		"KAFKA_TLS_CA_FILE":   pki.caFile,
-		"KAFKA_TLS_CERT_FILE": pki.certFile,
-		"KAFKA_TLS_KEY_FILE":  pki.keyFile,
-	}
-	h := newSecureHarness(t, devkafka.Options{TLS: pki.serverTLS(true)}, kenv)
-	chargesAndParks(t, h, h.environWith(kenv))
+	h := newSecureHarness(t, apachekafka.MutualTLS, "")
+	chargesAndParks(t, h, h.environ())
 }
 
 func TestServe_KafkaTLSRefusedWithoutTheRightCertificates(t *testing.T) {
-	pki, other := newPKI(t), newPKI(t)
+	other := newPKI(t)
+	h := newSecureHarness(t, apachekafka.MutualTLS, "")
 	cases := []struct {
 		name string
 		env  map[string]string
 	}{
 		{"no client certificate", map[string]string{
 			"KAFKA_TLS_ENABLED": "true",
-			"KAFKA_TLS_CA_FILE": pki.caFile,
+			"KAFKA_TLS_CA_FILE": h.broker.Creds.CAFile,
 		}},
 		{"broker signed by an unknown CA", map[string]string{
 			"KAFKA_TLS_ENABLED":   "true",
-			"KAFKA_TLS_CA_FILE":   other.caFile,
-			"KAFKA_TLS_CERT_FILE": pki.certFile,
-			"KAFKA_TLS_KEY_FILE":  pki.keyFile,
+			"KAFKA_TLS_CA_FILE":   other.CAFile,
+			"KAFKA_TLS_CERT_FILE": h.broker.Creds.CertFile,
+			"KAFKA_TLS_KEY_FILE":  h.broker.Creds.KeyFile,
 		}},
 		{"plaintext to a TLS listener", map[string]string{}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			good := map[string]string{
-				"KAFKA_TLS_ENABLED":   "true",
-				"KAFKA_TLS_CA_FILE":   pki.caFile,
-				"KAFKA_TLS_CERT_FILE": pki.certFile,
-				"KAFKA_TLS_KEY_FILE":  pki.keyFile,
+			env := h.environ("HTTP_ADDR", freeAddr(t))
+			for k := range h.broker.Creds.Env() {
+				delete(env, k)
 			}
-			h := newSecureHarness(t, devkafka.Options{TLS: pki.serverTLS(true)}, good)
-			neverGetsASession(t, h, h.environWith(c.env))
+			maps.Copy(env, c.env)
+			neverGetsASession(t, h, env)
 		})
 	}
 }
 
 func TestServe_KafkaSASL(t *testing.T) {
-	pki := newPKI(t)
-	tlsEnv := map[string]string{"KAFKA_TLS_ENABLED": "true", "KAFKA_TLS_CA_FILE": pki.caFile}
 	cases := []struct {
 		name      string
+		listener  apachekafka.Listener
 		mechanism string
-		tls       bool
 	}{
-		{"PLAIN over TLS", "PLAIN", true},
-		{"SCRAM-SHA-256 over TLS", "SCRAM-SHA-256", true},
-		{"SCRAM-SHA-512 over TLS", "SCRAM-SHA-512", true},
-		{"SCRAM-SHA-512 without TLS", "SCRAM-SHA-512", false},
+		{"PLAIN over TLS", apachekafka.SASLOverTLS, "PLAIN"},
+		{"SCRAM-SHA-256 over TLS", apachekafka.SASLOverTLS, "SCRAM-SHA-256"},
+		{"SCRAM-SHA-512 over TLS", apachekafka.SASLOverTLS, "SCRAM-SHA-512"},
+		{"SCRAM-SHA-512 without TLS", apachekafka.SASLPlaintext, "SCRAM-SHA-512"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			kenv := map[string]string{
-				"KAFKA_SASL_MECHANISM": c.mechanism,
-				"KAFKA_SASL_USERNAME":  "billing",
-				"KAFKA_SASL_PASSWORD":  "s3cret-" + c.mechanism,
-			}
-			opts := devkafka.Options{SASL: []devkafka.User{{Mechanism: c.mechanism, Name: "billing", Password: "s3cret-" + c.mechanism}}}
-			if c.tls {
-				opts.TLS = pki.serverTLS(false)
-				for k, v := range tlsEnv {
-					kenv[k] = v
-				}
-			}
-			h := newSecureHarness(t, opts, kenv)
-			chargesAndParks(t, h, h.environWith(kenv))
+			h := newSecureHarness(t, c.listener, c.mechanism)
+			chargesAndParks(t, h, h.environ())
 		})
 	}
 }
 
 func TestServe_KafkaSASLWrongPasswordGetsNoSession(t *testing.T) {
-	pki := newPKI(t)
 	for _, mechanism := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
 		t.Run(mechanism, func(t *testing.T) {
-			good := map[string]string{
-				"KAFKA_TLS_ENABLED":    "true",
-				"KAFKA_TLS_CA_FILE":    pki.caFile,
-				"KAFKA_SASL_MECHANISM": mechanism,
-				"KAFKA_SASL_USERNAME":  "billing",
-				"KAFKA_SASL_PASSWORD":  "right-password",
-			}
-			h := newSecureHarness(t, devkafka.Options{
-				TLS:  pki.serverTLS(false),
-				SASL: []devkafka.User{{Mechanism: mechanism, Name: "billing", Password: "right-password"}},
-			}, good)
-			neverGetsASession(t, h, h.environWith(good, "KAFKA_SASL_PASSWORD", "wrong-password-e41b"))
+			h := newSecureHarness(t, apachekafka.SASLOverTLS, mechanism)
+			neverGetsASession(t, h, h.environ("KAFKA_SASL_PASSWORD", "wrong-password-e41b"))
 		})
 	}
 }
@@ -127,11 +95,10 @@ func TestServe_KafkaSASLWrongPasswordGetsNoSession(t *testing.T) {
 // them appears in the logs, in /metrics, in /readyz or in serve's error.
 func TestServe_SecretsNeverReachLogsOrMetrics(t *testing.T) {
 	const (
-		apiKey       = "sk_live_apikey-5f2e9b71"
-		saslPassword = "sasl-password-8c1d47a2"
-		dbPassword   = "db-password-3a6e0fc4"
+		apiKey     = "sk_live_apikey-5f2e9b71"
+		dbPassword = "db-password-3a6e0fc4"
 	)
-	secrets := []string{apiKey, saslPassword, dbPassword}
+	var secrets []string
 	requireNoSecrets := func(t *testing.T, where, text string) {
 		t.Helper()
 		for _, s := range secrets {
@@ -148,20 +115,11 @@ func TestServe_SecretsNeverReachLogsOrMetrics(t *testing.T) {
 		}
 	}
 
-	pki := newPKI(t)
-	kenv := map[string]string{
-		"KAFKA_TLS_ENABLED":    "true",
-		"KAFKA_TLS_CA_FILE":    pki.caFile,
-		"KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
-		"KAFKA_SASL_USERNAME":  "billing",
-		"KAFKA_SASL_PASSWORD":  saslPassword,
-	}
-	h := newSecureHarness(t, devkafka.Options{
-		TLS:  pki.serverTLS(false),
-		SASL: []devkafka.User{{Mechanism: "SCRAM-SHA-512", Name: "billing", Password: saslPassword}},
-	}, kenv)
+	h := newSecureHarness(t, apachekafka.SASLOverTLS, "SCRAM-SHA-512")
 	h.psp.SetOptions(fakepsp.Options{APIKey: apiKey, Seed: 1})
-	env := h.environWith(kenv, "PAYMENT_API_KEY", apiKey, "DATABASE_URL", withPassword(h.dsn, dbPassword))
+	saslPassword := h.broker.Creds.Password
+	secrets = []string{apiKey, saslPassword, dbPassword}
+	env := h.environ("PAYMENT_API_KEY", apiKey, "DATABASE_URL", withPassword(h.dsn, dbPassword))
 	if env["LOG_LEVEL"] != "debug" {
 		t.Fatalf("LOG_LEVEL = %q, want debug", env["LOG_LEVEL"])
 	}
@@ -254,7 +212,7 @@ func chargesAndParks(t *testing.T, h *harness, env map[string]string) {
 	if got := h.count(`SELECT count(*) FROM charge WHERE status = 'succeeded'`); got != 1 {
 		t.Errorf("succeeded charge rows = %d, want 1", got)
 	}
-	if parked := kafkatest.ReadAll(t, h.client, kafkatest.DLQTopic); len(parked) != 1 || string(parked[0].Value) != "{oops" {
+	if parked := kafkatest.ReadAll(t, h.client, h.broker.DLQTopic); len(parked) != 1 || string(parked[0].Value) != "{oops" {
 		t.Errorf("DLQ holds %d messages, want the invalid one", len(parked))
 	}
 	eventually(t, 5*time.Second, "metrics", func() bool {
@@ -297,7 +255,7 @@ func groupMembers(t *testing.T, h *harness) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	groups, err := admin.DescribeConsumerGroups([]string{kafkatest.Group})
+	groups, err := admin.DescribeConsumerGroups([]string{h.broker.Group})
 	if err != nil {
 		t.Fatalf("describe group: %v", err)
 	}
@@ -345,7 +303,7 @@ func TestServe_DatabaseSSLModePassesThrough(t *testing.T) {
 
 	t.Run("verify-full with a foreign CA", func(t *testing.T) {
 		pki := newPKI(t)
-		dsn := withParams(t, h.dsn, "sslmode", "verify-full", "sslrootcert", pki.caFile)
+		dsn := withParams(t, h.dsn, "sslmode", "verify-full", "sslrootcert", pki.CAFile)
 		env := h.environ("DATABASE_URL", dsn)
 		b := startServe(t, env)
 		b.waitLog(t, "tls: failed to verify certificate")

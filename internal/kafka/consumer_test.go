@@ -19,7 +19,6 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/metrics"
@@ -107,17 +106,17 @@ type member struct {
 	done     chan error
 }
 
-func kafkaConfig(addr, instance string) config.Kafka {
+func kafkaConfig(b *kafkatest.Broker, instance string) config.Kafka {
 	return config.Kafka{
-		Brokers: []string{addr}, Topic: kafkatest.Topic, GroupID: kafkatest.Group,
-		DLQTopic: kafkatest.DLQTopic, ClientID: "test", Version: "3.6.0", InstanceID: instance,
+		Brokers: b.Addrs, Topic: b.Topic, GroupID: b.Group,
+		DLQTopic: b.DLQTopic, ClientID: "test", Version: "3.6.0", InstanceID: instance,
 	}
 }
 
 // startMember joins the group with proc and opts.
-func startMember(t *testing.T, b *devkafka.Broker, proc kafka.Processor, opts kafka.Options, instance string) *member {
+func startMember(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, opts kafka.Options, instance string) *member {
 	t.Helper()
-	k := kafkaConfig(b.Addr(), instance)
+	k := kafkaConfig(b, instance)
 	cfg, err := kafka.ConsumerConfig(k)
 	if err != nil {
 		t.Fatal(err)
@@ -137,9 +136,9 @@ func startMember(t *testing.T, b *devkafka.Broker, proc kafka.Processor, opts ka
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Topic, opts.Group = kafkatest.Topic, kafkatest.Group
+	opts.Topic, opts.Group = b.Topic, b.Group
 	m := metrics.New(prometheus.NewRegistry())
-	c, err := kafka.NewConsumer(client, proc, kafka.NewDLQ(producer, kafkatest.DLQTopic, kafkatest.Group), opts, m,
+	c, err := kafka.NewConsumer(client, proc, kafka.NewDLQ(producer, b.DLQTopic, b.Group), opts, m,
 		noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +173,7 @@ func options() kafka.Options {
 }
 
 func TestConsumer_KeysRunConcurrentlyEachInOffsetOrder(t *testing.T) {
-	b := kafkatest.StartBroker(t, 2)
+	b := kafkatest.Start(t, 2)
 	client := kafkatest.Client(t, b.Addr())
 	rec := newRecorder()
 	rec.delay.Store(int64(2 * time.Millisecond))
@@ -188,10 +187,10 @@ func TestConsumer_KeysRunConcurrentlyEachInOffsetOrder(t *testing.T) {
 				msgs = append(msgs, kafkatest.Message{Partition: p, Key: []byte(key), Value: []byte(key + "#" + strconv.Itoa(i))})
 			}
 		}
-		kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+		kafkatest.Produce(t, client, b.Topic, msgs...)
 	}
 	startMember(t, b, rec, options(), "")
-	kafkatest.WaitCaughtUp(t, client, kafkatest.Group, kafkatest.Topic, 30*time.Second)
+	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
 
 	next := map[string]int{}
 	for _, v := range rec.order() {
@@ -211,7 +210,7 @@ func TestConsumer_KeysRunConcurrentlyEachInOffsetOrder(t *testing.T) {
 }
 
 func TestConsumer_CommittedOffsetNeverPassesAnUnfinishedMessage(t *testing.T) {
-	b := kafkatest.StartBroker(t, 1)
+	b := kafkatest.Start(t, 1)
 	client := kafkatest.Client(t, b.Addr())
 	rec := newRecorder()
 	release := make(chan struct{})
@@ -226,7 +225,7 @@ func TestConsumer_CommittedOffsetNeverPassesAnUnfinishedMessage(t *testing.T) {
 		}
 		msgs = append(msgs, kafkatest.Message{Key: []byte("k" + strconv.Itoa(i)), Value: []byte(v)})
 	}
-	kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+	kafkatest.Produce(t, client, b.Topic, msgs...)
 	startMember(t, b, rec, options(), "")
 
 	deadline := time.Now().Add(10 * time.Second)
@@ -238,15 +237,15 @@ func TestConsumer_CommittedOffsetNeverPassesAnUnfinishedMessage(t *testing.T) {
 	}
 	// Several auto-commit intervals pass: the commit stays at the held message.
 	time.Sleep(2500 * time.Millisecond)
-	if got := kafkatest.Committed(t, client, kafkatest.Group, kafkatest.Topic)[0]; got != 5 {
+	if got := kafkatest.Committed(t, client, b.Group, b.Topic)[0]; got != 5 {
 		t.Fatalf("committed offset %d while offset 5 is unfinished, want 5", got)
 	}
 	close(release)
-	kafkatest.WaitCaughtUp(t, client, kafkatest.Group, kafkatest.Topic, 10*time.Second)
+	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 10*time.Second)
 }
 
 func TestConsumer_AFailingKeyHoldsOnlyItsOwnLane(t *testing.T) {
-	b := kafkatest.StartBroker(t, 1)
+	b := kafkatest.Start(t, 1)
 	client := kafkatest.Client(t, b.Addr())
 	rec := newRecorder()
 	var outage atomic.Bool
@@ -258,7 +257,7 @@ func TestConsumer_AFailingKeyHoldsOnlyItsOwnLane(t *testing.T) {
 	for i := range 30 {
 		msgs = append(msgs, kafkatest.Message{Key: []byte("good-" + strconv.Itoa(i)), Value: []byte("good-" + strconv.Itoa(i))})
 	}
-	kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+	kafkatest.Produce(t, client, b.Topic, msgs...)
 	mb := startMember(t, b, rec, options(), "")
 
 	deadline := time.Now().Add(10 * time.Second)
@@ -279,21 +278,21 @@ func TestConsumer_AFailingKeyHoldsOnlyItsOwnLane(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := kafkatest.Committed(t, client, kafkatest.Group, kafkatest.Topic)[0]; got > 0 {
+	if got := kafkatest.Committed(t, client, b.Group, b.Topic)[0]; got > 0 {
 		t.Fatalf("committed offset %d passed the failing message at 0", got)
 	}
 	eventually(t, 5*time.Second, "the failing key's retries counted", func() bool {
 		return testutil.ToFloat64(mb.metrics.Retries.WithLabelValues("database")) > 0
 	})
 	outage.Store(false)
-	kafkatest.WaitCaughtUp(t, client, kafkatest.Group, kafkatest.Topic, 15*time.Second)
+	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 15*time.Second)
 	if rec.finishedCount("bad-0") != 1 {
 		t.Errorf("the failing message finished %d times after the outage, want 1", rec.finishedCount("bad-0"))
 	}
 }
 
 func TestConsumer_RevocationMidFlightLosesNothing(t *testing.T) {
-	b := kafkatest.StartBroker(t, 4)
+	b := kafkatest.Start(t, 4)
 	client := kafkatest.Client(t, b.Addr())
 	const perPartition = 200
 	for p := range int32(4) {
@@ -302,7 +301,7 @@ func TestConsumer_RevocationMidFlightLosesNothing(t *testing.T) {
 			v := fmt.Sprintf("p%d-%d", p, i)
 			msgs = append(msgs, kafkatest.Message{Partition: p, Key: []byte(strconv.Itoa(i % 10)), Value: []byte(v)})
 		}
-		kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+		kafkatest.Produce(t, client, b.Topic, msgs...)
 	}
 	// Hold every value: the first member's work is in flight, unfinished,
 	// when the rebalance revokes its partitions.
@@ -328,7 +327,7 @@ func TestConsumer_RevocationMidFlightLosesNothing(t *testing.T) {
 	close(gate)
 	// Then a leaves while it works: its partitions move to the second member.
 	a.stop(t)
-	kafkatest.WaitCaughtUp(t, client, kafkatest.Group, kafkatest.Topic, 60*time.Second)
+	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 60*time.Second)
 
 	for p := range 4 {
 		for i := range perPartition {
@@ -343,7 +342,7 @@ func TestConsumer_RevocationMidFlightLosesNothing(t *testing.T) {
 }
 
 func TestConsumer_StaticMemberRestartDoesNotRebalanceTheOthers(t *testing.T) {
-	b := kafkatest.StartBroker(t, 4)
+	b := kafkatest.Start(t, 4)
 	rec := newRecorder()
 	a := startMember(t, b, rec, options(), "pod-a")
 	other := startMember(t, b, rec, options(), "pod-b")

@@ -22,31 +22,31 @@ import (
 // configured as `billing dlq replay` configures its own.
 type replayWorld struct {
 	t      *testing.T
-	addr   string
+	b      *kafkatest.Broker
 	client sarama.Client // the tests' own: manual partitioner
 	dlq    *kafka.DLQ
 }
 
 func newReplayWorld(t *testing.T, partitions int32) *replayWorld {
 	t.Helper()
-	b := kafkatest.StartBroker(t, partitions)
-	w := &replayWorld{t: t, addr: b.Addr(), client: kafkatest.Client(t, b.Addr())}
+	b := kafkatest.Start(t, partitions)
+	w := &replayWorld{t: t, b: b, client: kafkatest.Client(t, b.Addr())}
 	pcfg, err := kafka.ProducerConfig(w.kafka())
 	if err != nil {
 		t.Fatal(err)
 	}
-	producer, err := sarama.NewSyncProducer([]string{b.Addr()}, pcfg)
+	producer, err := sarama.NewSyncProducer(b.Addrs, pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.dlq = kafka.NewDLQ(producer, kafkatest.DLQTopic, kafkatest.Group)
+	w.dlq = kafka.NewDLQ(producer, b.DLQTopic, b.Group)
 	t.Cleanup(func() { w.dlq.Close() })
 	return w
 }
 
 // kafka is the configuration billing reads from KAFKA_*.
 func (w *replayWorld) kafka() config.Kafka {
-	return config.Kafka{Brokers: []string{w.addr}, Version: "3.6.0", ClientID: "replay-test"}
+	return config.Kafka{Brokers: w.b.Addrs, Version: "3.6.0", ClientID: "replay-test"}
 }
 
 // parked is an original message and why it was parked.
@@ -60,12 +60,12 @@ type parked struct {
 // read, in the order given.
 func (w *replayWorld) park(ps ...parked) []*sarama.ConsumerMessage {
 	w.t.Helper()
-	before := kafkatest.EndOffsets(w.t, w.client, kafkatest.Topic)
+	before := kafkatest.EndOffsets(w.t, w.client, w.b.Topic)
 	for _, p := range ps {
-		kafkatest.Produce(w.t, w.client, kafkatest.Topic, p.msg)
+		kafkatest.Produce(w.t, w.client, w.b.Topic, p.msg)
 	}
 	var originals []*sarama.ConsumerMessage
-	for _, m := range kafkatest.ReadAll(w.t, w.client, kafkatest.Topic) {
+	for _, m := range kafkatest.ReadAll(w.t, w.client, w.b.Topic) {
 		if m.Offset >= before[m.Partition] {
 			originals = append(originals, m)
 		}
@@ -91,9 +91,9 @@ func (w *replayWorld) park(ps ...parked) []*sarama.ConsumerMessage {
 
 func (w *replayWorld) run(opts kafka.ReplayOptions) (kafka.ReplayReport, []kafka.Replayed, error) {
 	w.t.Helper()
-	opts.DLQTopic, opts.Topic = kafkatest.DLQTopic, kafkatest.Topic
+	opts.DLQTopic, opts.Topic = w.b.DLQTopic, w.b.Topic
 	if opts.Group == "" {
-		opts.Group = "billing-dlq-replay-test"
+		opts.Group = w.b.Group + ".replay"
 	}
 	var listed []kafka.Replayed
 	opts.OnMessage = func(r kafka.Replayed) { listed = append(listed, r) }
@@ -105,7 +105,7 @@ func (w *replayWorld) run(opts kafka.ReplayOptions) (kafka.ReplayReport, []kafka
 func (w *replayWorld) republishedSince(before kafkatest.Offsets) []*sarama.ConsumerMessage {
 	w.t.Helper()
 	var out []*sarama.ConsumerMessage
-	for _, m := range kafkatest.ReadAll(w.t, w.client, kafkatest.Topic) {
+	for _, m := range kafkatest.ReadAll(w.t, w.client, w.b.Topic) {
 		if m.Offset >= before[m.Partition] {
 			out = append(out, m)
 		}
@@ -142,8 +142,8 @@ func TestReplay_FiltersByReasonAndRepublishesUnchanged(t *testing.T) {
 		parked{msg(2, "3", `{"n":3}`, "traceparent", traceparent), "provider-rejected: the Idempotency-Key was already used"},
 		parked{msg(1, "4", ""), "invalid-event: no value (tombstone)"},
 	)
-	dlqEnd := kafkatest.EndOffsets(t, w.client, kafkatest.DLQTopic)
-	topicEnd := kafkatest.EndOffsets(t, w.client, kafkatest.Topic)
+	dlqEnd := kafkatest.EndOffsets(t, w.client, w.b.DLQTopic)
+	topicEnd := kafkatest.EndOffsets(t, w.client, w.b.Topic)
 
 	// A dry run lists, and publishes and commits nothing.
 	rep, listed, err := w.run(kafka.ReplayOptions{Reason: "provider-rejected", DryRun: true})
@@ -154,14 +154,14 @@ func TestReplay_FiltersByReasonAndRepublishesUnchanged(t *testing.T) {
 		t.Fatalf("dry run: %+v, listed %d; want 2 replayed, 2 skipped", rep, len(listed))
 	}
 	for _, l := range listed {
-		if l.Topic != kafkatest.Topic || !strings.HasPrefix(l.Reason, "provider-rejected: ") {
+		if l.Topic != w.b.Topic || !strings.HasPrefix(l.Reason, "provider-rejected: ") {
 			t.Errorf("dry run listed %+v", l)
 		}
 	}
 	if got := w.republishedSince(topicEnd); len(got) != 0 {
 		t.Fatalf("dry run published %d messages", len(got))
 	}
-	for p, o := range kafkatest.Committed(t, w.client, "billing-dlq-replay-test", kafkatest.DLQTopic) {
+	for p, o := range kafkatest.Committed(t, w.client, w.b.Group+".replay", w.b.DLQTopic) {
 		if o != -1 {
 			t.Errorf("dry run committed %d on partition %d", o, p)
 		}
@@ -180,7 +180,7 @@ func TestReplay_FiltersByReasonAndRepublishesUnchanged(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("republished %d messages, want 2", len(got))
 	}
-	dlqMsgs := kafkatest.ReadAll(t, w.client, kafkatest.DLQTopic)
+	dlqMsgs := kafkatest.ReadAll(t, w.client, w.b.DLQTopic)
 	for _, orig := range []*sarama.ConsumerMessage{originals[0], originals[2]} {
 		var m *sarama.ConsumerMessage
 		for _, g := range got {
@@ -205,14 +205,14 @@ func TestReplay_FiltersByReasonAndRepublishesUnchanged(t *testing.T) {
 			t.Errorf("key %s: headers %v, want %v", orig.Key, headers(m), want)
 		}
 	}
-	for p, o := range kafkatest.Committed(t, w.client, "billing-dlq-replay-test", kafkatest.DLQTopic) {
+	for p, o := range kafkatest.Committed(t, w.client, w.b.Group+".replay", w.b.DLQTopic) {
 		if e := dlqEnd[p]; e > 0 && o != e {
 			t.Errorf("partition %d committed %d, want the end %d", p, o, e)
 		}
 	}
 
 	// A second run finds nothing left.
-	end := kafkatest.EndOffsets(t, w.client, kafkatest.Topic)
+	end := kafkatest.EndOffsets(t, w.client, w.b.Topic)
 	rep, _, err = w.run(kafka.ReplayOptions{Reason: "provider-rejected"})
 	if err != nil {
 		t.Fatal(err)
@@ -247,7 +247,7 @@ func TestReplay_MaxAndResume(t *testing.T) {
 		ps = append(ps, parked{msg(0, fmt.Sprint(i), fmt.Sprintf(`{"n":%d}`, i)), "invalid-event: x"})
 	}
 	w.park(ps...)
-	end := kafkatest.EndOffsets(t, w.client, kafkatest.Topic)
+	end := kafkatest.EndOffsets(t, w.client, w.b.Topic)
 
 	rep, _, err := w.run(kafka.ReplayOptions{Max: 2, DryRun: true})
 	if err != nil || rep.Replayed != 2 || !rep.MaxReached {
@@ -278,9 +278,9 @@ func TestReplay_FailureIsResumedWithoutRepublishing(t *testing.T) {
 	w := newReplayWorld(t, 1)
 	w.park(parked{msg(0, "1", `{"n":1}`), "provider-rejected: x"})
 	// A parked message whose origin no longer exists stops the run.
-	kafkatest.Produce(t, w.client, kafkatest.DLQTopic, msg(0, "2", `{"n":2}`,
+	kafkatest.Produce(t, w.client, w.b.DLQTopic, msg(0, "2", `{"n":2}`,
 		kafka.HeaderReason, "provider-rejected: x", kafka.HeaderOriginalTopic, "gone"))
-	end := kafkatest.EndOffsets(t, w.client, kafkatest.Topic)
+	end := kafkatest.EndOffsets(t, w.client, w.b.Topic)
 
 	for range 2 {
 		rep, _, err := w.run(kafka.ReplayOptions{})
@@ -301,7 +301,7 @@ func TestReplay_ConcurrentRunsRepublishEachOnce(t *testing.T) {
 		ps = append(ps, parked{msg(int32(i%4), fmt.Sprint(i), fmt.Sprintf(`{"n":%d}`, i)), "invalid-event: x"})
 	}
 	w.park(ps...)
-	end := kafkatest.EndOffsets(t, w.client, kafkatest.Topic)
+	end := kafkatest.EndOffsets(t, w.client, w.b.Topic)
 
 	var wg sync.WaitGroup
 	reps := make([]kafka.ReplayReport, 2)

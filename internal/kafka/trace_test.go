@@ -35,7 +35,7 @@ import (
 // the database transaction and the payment call, and the payment request
 // carries the trace onward to the provider.
 func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
-	b := kafkatest.StartBroker(t, 1)
+	b := kafkatest.Start(t, 1)
 	client := kafkatest.Client(t, b.Addr())
 	exporter := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
@@ -59,7 +59,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConns: 4, TracerProvider: tp}, m)
 	defer payer.Close()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	proc := billing.NewProcessor(db, dedup.NewStore(kafkatest.Group), payer,
+	proc := billing.NewProcessor(db, dedup.NewStore(b.Group), payer,
 		billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}, m, tp, log)
 
 	// Produce inside a producer span, as `billing produce` does.
@@ -72,10 +72,10 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, producerSpan := tp.Tracer("test").Start(context.Background(), "orders.confirmed publish", trace.WithSpanKind(trace.SpanKindProducer))
-	pm := &sarama.ProducerMessage{Topic: kafkatest.Topic, Key: sarama.StringEncoder("4242"), Value: sarama.ByteEncoder(value)}
+	pm := &sarama.ProducerMessage{Topic: b.Topic, Key: sarama.StringEncoder("4242"), Value: sarama.ByteEncoder(value)}
 	tracing.Propagator().Inject(ctx, kafka.ProducerHeaders{Msg: pm})
 	// An invalid message of the same trace: parked with its trace headers.
-	bad := &sarama.ProducerMessage{Topic: kafkatest.Topic, Key: sarama.StringEncoder("x"), Value: sarama.StringEncoder("{")}
+	bad := &sarama.ProducerMessage{Topic: b.Topic, Key: sarama.StringEncoder("x"), Value: sarama.StringEncoder("{")}
 	tracing.Propagator().Inject(ctx, kafka.ProducerHeaders{Msg: bad})
 	producerSpan.End()
 	msgs := make([]kafkatest.Message, 0, 2)
@@ -84,9 +84,9 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 		k, _ := p.Key.Encode()
 		msgs = append(msgs, kafkatest.Message{Key: k, Value: v, Headers: p.Headers})
 	}
-	kafkatest.Produce(t, client, kafkatest.Topic, msgs...)
+	kafkatest.Produce(t, client, b.Topic, msgs...)
 
-	k := kafkaConfig(b.Addr(), "")
+	k := kafkaConfig(b, "")
 	cfg, err := kafka.ConsumerConfig(k)
 	if err != nil {
 		t.Fatal(err)
@@ -103,15 +103,15 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	}
 	defer producer.Close()
 	opts := options()
-	opts.Topic, opts.Group = kafkatest.Topic, kafkatest.Group
-	c, err := kafka.NewConsumer(cclient, proc, kafka.NewDLQ(producer, kafkatest.DLQTopic, kafkatest.Group), opts, m, tp, log)
+	opts.Topic, opts.Group = b.Topic, b.Group
+	c, err := kafka.NewConsumer(cclient, proc, kafka.NewDLQ(producer, b.DLQTopic, b.Group), opts, m, tp, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
-	kafkatest.WaitCaughtUp(t, client, kafkatest.Group, kafkatest.Topic, 30*time.Second)
+	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
 	stop()
 	<-done
 
@@ -120,7 +120,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	for _, s := range exporter.GetSpans() {
 		spans[s.Name] = append(spans[s.Name], s)
 	}
-	process := spans["orders.confirmed process"]
+	process := spans[b.Topic+" process"]
 	if len(process) != 2 {
 		t.Fatalf("%d process spans, want 2 (one per message): %v", len(process), names(spans))
 	}
@@ -134,8 +134,8 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 		}
 		attrs := attrMap(s.Attributes)
 		for key, val := range map[string]string{
-			"messaging.system": "kafka", "messaging.destination.name": kafkatest.Topic,
-			"messaging.destination.partition.id": "0", "messaging.consumer.group.name": kafkatest.Group,
+			"messaging.system": "kafka", "messaging.destination.name": b.Topic,
+			"messaging.destination.partition.id": "0", "messaging.consumer.group.name": b.Group,
 			"messaging.operation.type": "process",
 		} {
 			if attrs[key] != val {
@@ -163,7 +163,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 		t.Errorf("provider received traceparent %v, want trace %s from span %s", received, want.TraceID(), pay.SpanContext.SpanID())
 	}
 
-	parked := kafkatest.ReadAll(t, client, kafkatest.DLQTopic)
+	parked := kafkatest.ReadAll(t, client, b.DLQTopic)
 	if len(parked) != 1 || !strings.Contains(kafkatest.Header(parked[0], "traceparent"), want.TraceID().String()) {
 		t.Errorf("the parked message lost its trace headers")
 	}

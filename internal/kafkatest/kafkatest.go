@@ -1,38 +1,31 @@
-// Package kafkatest helps tests talk to a real Kafka-protocol broker (an
-// embedded devkafka broker) through sarama, the way billing does: produce
-// events, read topics back, and compare a group's committed offsets with the
-// partitions' end offsets.
+// Package kafkatest gives tests a real broker and helps them talk to it
+// through sarama, the way billing does: produce events, read topics back,
+// and compare a group's committed offsets with the partitions' end offsets.
+//
+// The broker is chosen by KAFKA_TEST_BROKER: a real Apache Kafka cluster
+// that the tests start themselves (apache, the default where Java and Maven
+// are installed), the embedded kfake broker (kfake), or a cluster someone
+// else runs (host:port). See Start and Choose.
 package kafkatest
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/kafka"
 )
 
-// Topic names of the contract's defaults.
+// The contract's default names; Start gives each test names of its own
+// that begin with them.
 const (
 	Topic    = "orders.confirmed"
 	DLQTopic = "orders.confirmed.dlq"
 	Group    = "billing-order-confirmed"
 )
-
-// StartBroker starts an in-memory broker on a free port with the order topic
-// and its dead-letter topic, and stops it when the test ends.
-func StartBroker(t testing.TB, partitions int32) *devkafka.Broker {
-	t.Helper()
-	b, err := devkafka.Start(devkafka.Options{Topics: []string{Topic, DLQTopic}, Partitions: partitions})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	return b
-}
 
 func config() *sarama.Config {
 	cfg := sarama.NewConfig()
@@ -45,10 +38,11 @@ func config() *sarama.Config {
 	return cfg
 }
 
-// Client returns a sarama client of addr, closed when the test ends.
-func Client(t testing.TB, addr string) sarama.Client {
+// Client returns a sarama client of addrs (comma-separated, as
+// KAFKA_BROKERS), closed when the test ends.
+func Client(t testing.TB, addrs string) sarama.Client {
 	t.Helper()
-	c, err := sarama.NewClient([]string{addr}, config())
+	c, err := sarama.NewClient(strings.Split(addrs, ","), config())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func TestPublish_EveryMessageReachesTheTopicInOrder(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the embedded broker")
 	}
-	broker := kafkatest.StartBroker(t, 3)
+	broker := kafkatest.Start(t, 3)
 	g, err := loadgen.New(loadgen.Options{Count: 400, Duplicates: 0.2, Invalid: 0.05, Seed: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +49,7 @@ func TestPublish_EveryMessageReachesTheTopicInOrder(t *testing.T) {
 	ref, _ := loadgen.New(loadgen.Options{Count: 400, Duplicates: 0.2, Invalid: 0.05, Seed: 2})
 	var acked atomic.Int64
 	res, err := loadgen.Publish(t.Context(), newProducer(t, broker.Addr()), g,
-		loadgen.PublishOptions{Topic: kafkatest.Topic, Acked: &acked})
+		loadgen.PublishOptions{Topic: broker.Topic, Acked: &acked})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestPublish_EveryMessageReachesTheTopicInOrder(t *testing.T) {
 	}
 
 	client := kafkatest.Client(t, broker.Addr())
-	got := kafkatest.ReadAll(t, client, kafkatest.Topic)
+	got := kafkatest.ReadAll(t, client, broker.Topic)
 	if len(got) != 400 {
 		t.Fatalf("topic holds %d messages, want 400", len(got))
 	}
@@ -67,7 +67,7 @@ func TestPublish_EveryMessageReachesTheTopicInOrder(t *testing.T) {
 	for _, m := range got {
 		byPartition[m.Partition] = append(byPartition[m.Partition], m.Key)
 	}
-	part := sarama.NewHashPartitioner(kafkatest.Topic)
+	part := sarama.NewHashPartitioner(broker.Topic)
 	pos := map[int32]int{}
 	for {
 		m, ok, err := ref.Next()
@@ -90,13 +90,13 @@ func TestPublish_RateSpacesTheMessages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the embedded broker")
 	}
-	broker := kafkatest.StartBroker(t, 1)
+	broker := kafkatest.Start(t, 1)
 	g, err := loadgen.New(loadgen.Options{Count: 21})
 	if err != nil {
 		t.Fatal(err)
 	}
 	res, err := loadgen.Publish(t.Context(), newProducer(t, broker.Addr()), g,
-		loadgen.PublishOptions{Topic: kafkatest.Topic, Rate: 100})
+		loadgen.PublishOptions{Topic: broker.Topic, Rate: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestPublish_StopsWhenTheContextEnds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the embedded broker")
 	}
-	broker := kafkatest.StartBroker(t, 1)
+	broker := kafkatest.Start(t, 1)
 	g, err := loadgen.New(loadgen.Options{Count: 1000})
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestPublish_StopsWhenTheContextEnds(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		_, err := loadgen.Publish(ctx, newProducer(t, broker.Addr()), g,
-			loadgen.PublishOptions{Topic: kafkatest.Topic, Rate: 50, Acked: &acked})
+			loadgen.PublishOptions{Topic: broker.Topic, Rate: 50, Acked: &acked})
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
@@ -148,7 +148,7 @@ func TestPublish_TracedMessagesCarryTheirProducerSpan(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the embedded broker")
 	}
-	broker := kafkatest.StartBroker(t, 1)
+	broker := kafkatest.Start(t, 1)
 	exporter := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
 	g, err := loadgen.New(loadgen.Options{Count: 20, Duplicates: 0.2, Seed: 3})
@@ -156,17 +156,17 @@ func TestPublish_TracedMessagesCarryTheirProducerSpan(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := loadgen.Publish(t.Context(), newProducer(t, broker.Addr()), g,
-		loadgen.PublishOptions{Topic: kafkatest.Topic, Tracer: tp.Tracer("test")}); err != nil {
+		loadgen.PublishOptions{Topic: broker.Topic, Tracer: tp.Tracer("test")}); err != nil {
 		t.Fatal(err)
 	}
 	spans := map[string]bool{}
 	for _, s := range exporter.GetSpans() {
-		if s.SpanKind != trace.SpanKindProducer || s.Name != kafkatest.Topic+" publish" {
+		if s.SpanKind != trace.SpanKindProducer || s.Name != broker.Topic+" publish" {
 			t.Errorf("span %q of kind %v", s.Name, s.SpanKind)
 		}
 		spans[s.SpanContext.TraceID().String()+"-"+s.SpanContext.SpanID().String()] = true
 	}
-	got := kafkatest.ReadAll(t, kafkatest.Client(t, broker.Addr()), kafkatest.Topic)
+	got := kafkatest.ReadAll(t, kafkatest.Client(t, broker.Addr()), broker.Topic)
 	if len(spans) != len(got) || len(got) != 20 {
 		t.Fatalf("%d ended producer spans for %d messages, want 20 each", len(spans), len(got))
 	}
