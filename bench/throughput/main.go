@@ -363,18 +363,26 @@ func peakRSS(pid int) (int64, error) {
 	return 0, errors.New("no VmHWM")
 }
 
-// pgbenchScript is billing's per-event transaction, one event each: the
-// dedup claim, the order lock, the "already charged?" check and the charge
-// row. The event id is a UUID v7 made from the clock, as billing's are.
+// pgbenchScript is billing's SQL for one event, as its two transactions:
+// the claim (the dedup insert, the order lock, the read of the order's
+// attempts, the pending attempt) and the settle (the update and its read
+// back). The event id is a UUID v7 made from the clock, as billing's are.
+// One script run is one event, so pgbench's tps are events/s.
 const pgbenchScript = `\set order random(1, 1000000000000)
+SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid AS id \gset
 BEGIN;
-INSERT INTO processed_event (event_id, consumer_group, fingerprint)
-  SELECT id, 'pgbench', sha256(id::text::bytea) FROM (SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid AS id) v
-  ON CONFLICT DO NOTHING RETURNING event_id;
+INSERT INTO processed_event (event_id, consumer_group, fingerprint, claimed_with)
+  VALUES (':id', 'pgbench', sha256(':id'::bytea), 2) ON CONFLICT DO NOTHING RETURNING event_id;
 SELECT count(pg_advisory_xact_lock(1651076204, hashint8(:order)));
-SELECT order_id FROM charge WHERE order_id = :order AND status = 'succeeded';
-INSERT INTO charge (event_id, order_id, customer_id, amount_minor, currency, status, provider_charge_id)
-  VALUES (gen_random_uuid(), :order, 1, 1999, 'EUR', 'succeeded', 'ch_pgbench');
+SELECT event_id, status FROM charge WHERE order_id = :order;
+INSERT INTO charge (event_id, order_id, customer_id, amount_minor, currency, status)
+  VALUES (':id', :order, 1, 1999, 'EUR', 'pending');
+COMMIT;
+BEGIN;
+UPDATE charge SET status = 'succeeded', provider_charge_id = 'ch_pgbench', settled_at = now(), updated_at = now(),
+  requests = requests + 1, counted_by = 'pgbench'
+  WHERE event_id = ':id' AND status = 'pending' RETURNING event_id;
+SELECT status FROM charge WHERE event_id = ':id';
 COMMIT;
 `
 

@@ -37,6 +37,7 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	fs.Float64Var(&opts.FailRate, "fail-rate", 0, "probability of answering 503 without doing anything, in [0, 1]")
 	fs.Float64Var(&opts.ResetRate, "reset-rate", 0, "probability of charging and then resetting the connection without answering, in [0, 1]")
 	fs.Int64Var(&opts.DeclineEvery, "decline-every", 0, "decline (402) orders whose id is a multiple of this; 0 never declines")
+	fs.IntVar(&opts.RateLimit, "rate-limit", 0, "answer 429 (Retry-After: 1) beyond this many requests a second; 0 is unlimited")
 	fs.Int64Var(&opts.Seed, "seed", 1, "seed of the fault randomness, so that runs replay")
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err

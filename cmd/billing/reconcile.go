@@ -23,7 +23,11 @@ Charges are matched by idempotency key (the event id). A row or provider
 charge belongs to the window by its own time (the row's created_at, the
 provider's created); its counterpart is looked up outside the window too,
 in the database by key and at the provider within --slack, before it is
-called missing. Declined rows are not expected at the provider.
+called missing. Declined and rejected rows are not expected at the
+provider. A pending row (an attempt whose answer is not recorded; serve
+and billing maintain complete them) is reported with the provider's charge
+if it has one: past PAYMENT_IDEMPOTENCY_WINDOW it is never retried and
+needs a human.
 
 Reads DATABASE_URL, PAYMENT_BASE_URL, PAYMENT_API_KEY and PAYMENT_TIMEOUT.
 Exits 0 when both sides agree, 2 when they differ, 1 when it could not

@@ -46,7 +46,7 @@ func TestReconcile_AfterThePipelineThenWithLosses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reconcile after a clean run: %v", err)
 	}
-	if !strings.Contains(out, "matched 8, declined (not expected at the provider) 2, missing at provider 0, missing in database 0, mismatched 0") {
+	if !strings.Contains(out, "matched 8, declined or rejected (not expected at the provider) 2, missing at provider 0, missing in database 0, mismatched 0, pending 0") {
 		t.Fatalf("clean run: unexpected summary:\n%s", out)
 	}
 

@@ -119,17 +119,19 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 
 	// --- The pipeline: payment client, processor, consumer.
 	payer := payment.New(payment.Config{
-		BaseURL: cfg.Payment.BaseURL,
-		APIKey:  cfg.Payment.APIKey,
-		Timeout: cfg.Payment.Timeout,
-		// At most one transaction per connection, each calling the
-		// provider for up to a batch of events at once.
-		MaxConns:       cfg.Database.MaxConns * cfg.Consumer.BatchMax,
+		BaseURL:        cfg.Payment.BaseURL,
+		APIKey:         cfg.Payment.APIKey,
+		Timeout:        cfg.Payment.Timeout,
+		MaxConcurrency: cfg.Payment.MaxConcurrency,
+		MaxRPS:         cfg.Payment.MaxRPS,
 		TracerProvider: tp,
 	}, m)
 	defer payer.Close()
-	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew}
+	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew, ProviderWindow: cfg.Payment.IdempotencyWindow}
 	proc := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
+	// Charge attempts a crash left pending are completed by any replica,
+	// and the pending and expired ones reported, whatever the consumer does.
+	maintenance.Go(func() { proc.RecoverEvery(ctx, recoverInterval(cfg.Payment.RecoverAfter), cfg.Payment.RecoverAfter) })
 	c, err := kafka.NewConsumer(client, proc, dlq, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
 		Group:              cfg.Kafka.GroupID,
@@ -273,6 +275,13 @@ func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log
 			"dlq_max_message_bytes", dlq.MaxMessageBytes, "topic_max_message_bytes", src.MaxMessageBytes)
 	}
 	return nil
+}
+
+// recoverInterval is how often serve looks for charge attempts left pending:
+// a quarter of the idle time it waits for, so that an orphan is completed
+// soon after it qualifies, within [5s, 1m].
+func recoverInterval(after time.Duration) time.Duration {
+	return min(max(after/4, 5*time.Second), time.Minute)
 }
 
 func retentionText(l kafka.TopicLimits) string {

@@ -1,11 +1,25 @@
 // Package billing charges each confirmed order exactly once in effect.
 //
-// Kafka delivers at least once. For every event, in one READ COMMITTED
-// transaction, billing claims the event id in the dedup store and, only when
-// the claim is new, charges the order and records the outcome; the caller
-// marks the Kafka offset only after that transaction committed. A redelivered
-// event finds its claim and is skipped; a charge whose answer was lost is
-// retried under the same Idempotency-Key and deduplicated by the provider.
+// Kafka delivers at least once, and a payment provider's answer can be lost
+// after it charged. Billing settles a lane's batch of events in three
+// phases, and never holds a database transaction open while the provider
+// thinks:
+//
+//  1. Claim (one short transaction): record each event in the dedup store
+//     and, for each first-seen event, a charge attempt in state pending that
+//     holds the whole provider request. That row is the recovery point.
+//  2. Charge (no transaction): call the provider for the batch's pending
+//     attempts, concurrently, with Idempotency-Key = eventId.
+//  3. Settle (one short transaction): record each answer (succeeded,
+//     declined, rejected). Only then may the caller mark the offsets.
+//
+// Any worker can complete any pending attempt from its row alone: the same
+// key and body make the provider replay its stored answer. So a redelivered
+// event resumes its own attempt, an event that meets another event's
+// pending attempt for its order completes that one first and then decides,
+// and maintenance (Recover) completes attempts a crash left behind. An
+// attempt older than the provider's idempotency window is never retried
+// blindly: it is reported for a human.
 package billing
 
 import (
@@ -13,23 +27,22 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/payment"
-	"example.com/billing/internal/postgres"
 )
 
-// Outcome is what became of one message.
+// Outcome is what became of one message. Charged and Declined are reported
+// once per settled attempt, for the message whose try recorded it as
+// counted (charge.counted_by); other copies of the event are Duplicates.
 type Outcome int
 
 const (
@@ -83,12 +96,22 @@ type Result struct {
 	Code    string      // for Parked: one of the Code constants
 	Detail  string      // for Parked: the rule that failed, for a human
 	Event   order.Event // the decoded event; zero when it did not decode
+	// Recorded is, for a Duplicate, what the charge table holds for the
+	// event itself (Charged, Declined), or Pending when it holds nothing.
+	Recorded Outcome
 
 	trace trace.SpanContext
+	// counter is what charge.counted_by holds when this message's try
+	// counts the event's outcome (see Processor.counter).
+	counter string
 }
 
 // Reason is the dead-letter reason, "<code>: <detail>".
 func (r Result) Reason() string { return r.Code + ": " + r.Detail }
+
+func (r *Result) park(code, detail string) {
+	r.Outcome, r.Code, r.Detail = Parked, code, detail
+}
 
 // Payer charges through the payment provider. Its errors wrap
 // payment.ErrDeclined or payment.ErrRejected, or are transient.
@@ -96,7 +119,7 @@ type Payer interface {
 	Charge(ctx context.Context, r payment.Request) (payment.Charge, error)
 }
 
-// Horizon bounds the event ids the dedup store can judge.
+// Horizon bounds what billing can judge without a human.
 type Horizon struct {
 	// Retention is how long the dedup store remembers an event. An event
 	// id older than that may be a duplicate whose record was dropped: it is
@@ -104,10 +127,28 @@ type Horizon struct {
 	Retention time.Duration
 	// MaxFutureSkew is how far ahead of this clock an event id may be.
 	MaxFutureSkew time.Duration
+	// ProviderWindow is how long the provider keeps an idempotency key
+	// (PAYMENT_IDEMPOTENCY_WINDOW; 0 means 24h). A pending attempt older
+	// than that could be charged a second time if asked again: it is
+	// reported, never retried blindly.
+	ProviderWindow time.Duration
+}
+
+func (h Horizon) providerWindow() time.Duration {
+	if h.ProviderWindow <= 0 {
+		return 24 * time.Hour
+	}
+	return h.ProviderWindow
 }
 
 // Message is one consumed message to settle.
 type Message struct {
+	// ID names the message (consumer group, topic, partition, offset): the
+	// same for every try of it, different for another copy of its event.
+	// With it, a try that meets the outcome an earlier try of the same
+	// message recorded without learning so (a commit whose answer was lost)
+	// counts it; without it, every try is a message of its own.
+	ID    string
 	Value []byte
 	// Trace is the span of the message's processing; the transaction and
 	// payment spans hang below it.
@@ -124,67 +165,87 @@ type Processor struct {
 	tracer  trace.Tracer
 	log     *slog.Logger
 	now     func() time.Time
+
+	mu      sync.Mutex
+	sending map[uuid.UUID]struct{} // attempts whose request this process is sending
+	// instance tells this process's tries from another's in
+	// charge.counted_by: a message redelivered to another process after a
+	// crash was counted there (or lost with it), not here.
+	instance string
 }
 
 // NewProcessor returns a Processor that records in db, deduplicates with
-// store, charges through payer and parks events outside horizon.
+// store, charges through payer and parks events outside horizon. A
+// Processor without a payer can only ReportPending.
 func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *Processor {
 	return &Processor{db: db, dedup: store, payer: payer, horizon: horizon, metrics: m,
-		tracer: tp.Tracer("example.com/billing/internal/billing"), log: log, now: time.Now}
+		tracer: tp.Tracer("example.com/billing/internal/billing"), log: log, now: time.Now,
+		sending: map[uuid.UUID]struct{}{}, instance: uuid.Must(uuid.NewV4()).String()}
 }
 
-// Process handles consecutive messages of one lane, in order, and returns
-// one Result for each.
+// Process handles consecutive messages of one lane and returns one Result
+// for each.
 //
-// Valid events are settled together in one transaction. When it fails for a
-// reason outside the events (database, provider outage), every valid event is
-// left Pending and the error says why: the caller retries them later, and the
-// provider deduplicates any charge that was made before the rollback. Invalid
-// events are Parked whatever happens to the others.
+// Valid events go through claim → charge → settle together. An event whose
+// order has another event's attempt pending waits for that attempt to be
+// completed (here, by this call) and is decided in a further round, as is
+// the second event of one order in the batch. When something outside the
+// events fails (database, provider outage), the events it concerns are left
+// Pending and the error says why; the caller retries them later, and the
+// retry resumes their recorded attempts under the same key. Invalid events
+// are Parked whatever happens to the others.
 func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, error) {
 	results := make([]Result, len(msgs))
 	valid := make([]int, 0, len(msgs))
 	now := p.now()
 	for i, m := range msgs {
 		results[i].trace = m.Trace
+		results[i].counter = p.counter(m)
 		ev, err := order.Parse(m.Value)
 		if err != nil {
-			results[i].Outcome, results[i].Code, results[i].Detail = Parked, CodeInvalidEvent, err.Error()
+			results[i].park(CodeInvalidEvent, err.Error())
 			continue
 		}
 		results[i].Event = ev
 		if code, detail := p.judgeTime(ev, now); code != "" {
-			results[i].Outcome, results[i].Code, results[i].Detail = Parked, code, detail
+			results[i].park(code, detail)
 			continue
 		}
 		valid = append(valid, i)
 	}
-	if len(valid) == 0 {
-		return results, nil
-	}
 
-	err := p.settle(ctx, results, valid)
-	if dedup.IsMissingPartition(err) {
-		// An event's day has no partition: retention dropped it (the event
-		// cannot be judged) or maintenance has not created it (yet).
-		if valid, err = p.healPartitions(ctx, results, valid); err == nil && len(valid) > 0 {
-			err = p.settle(ctx, results, valid)
+	var errs []error
+	for rounds := 0; len(valid) > 0; rounds++ {
+		if rounds > len(msgs) {
+			// Other partitions keep putting attempts in front of these
+			// events' orders: leave them to the caller's retry.
+			errs = append(errs, fmt.Errorf("%d events still wait behind other attempts of their orders", len(valid)))
+			break
 		}
-	}
-	if errors.Is(err, payment.ErrRejected) && len(valid) > 1 {
-		// The provider refused one request of the group: settle the events
-		// one by one so that only that one is parked.
-		for n := range valid {
-			if err = p.settle(ctx, results, valid[n:n+1]); err != nil && !errors.Is(err, payment.ErrRejected) {
-				return results, err
+		next, err := p.round(ctx, results, valid)
+		if dedup.IsMissingPartition(err) {
+			// An event's day has no partition: retention dropped it (the
+			// event cannot be judged) or maintenance has not created it
+			// (yet). The claim rolled back; decide and try again.
+			if valid, err = p.healPartitions(ctx, results, valid); err == nil {
+				continue
 			}
 		}
-		return results, nil
+		if err != nil {
+			errs = append(errs, err)
+		}
+		valid = next
 	}
-	if err != nil && !errors.Is(err, payment.ErrRejected) {
-		return results, err
+	return results, errors.Join(errs...)
+}
+
+// counter is the charge.counted_by value of m's tries in this process.
+func (p *Processor) counter(m Message) string {
+	id := m.ID
+	if id == "" {
+		id = uuid.Must(uuid.NewV4()).String()
 	}
-	return results, nil
+	return p.instance + " " + id
 }
 
 // judgeTime parks an event whose id the dedup store cannot judge: older
@@ -216,9 +277,8 @@ func (p *Processor) healPartitions(ctx context.Context, results []Result, idx []
 	for _, i := range idx {
 		ev := results[i].Event
 		if dedup.Day(ev.ID).Before(droppedBefore) {
-			results[i].Outcome, results[i].Code = Parked, CodeStaleEvent
-			results[i].Detail = fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
-				ev.IDTime().Format(time.RFC3339), droppedBefore.Format(time.DateOnly))
+			results[i].park(CodeStaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
+				ev.IDTime().Format(time.RFC3339), droppedBefore.Format(time.DateOnly)))
 			continue
 		}
 		keep = append(keep, i)
@@ -229,92 +289,4 @@ func (p *Processor) healPartitions(ctx context.Context, results []Result, idx []
 	}
 	p.log.Warn("processed_event has no partition for an event's day; creating it (is `billing maintain` running?)")
 	return keep, dedup.EnsurePartitions(ctx, p.db, ids)
-}
-
-// settle runs the events results[idx] in one transaction and fills their
-// outcomes once it committed. A single event that the provider rejects is
-// Parked and ErrRejected returned.
-func (p *Processor) settle(ctx context.Context, results []Result, idx []int) error {
-	events := make([]order.Event, len(idx))
-	traces := make([]trace.SpanContext, len(idx))
-	links := make([]trace.Link, 0, len(idx))
-	for n, i := range idx {
-		events[n], traces[n] = results[i].Event, results[i].trace
-		links = append(links, trace.Link{SpanContext: results[i].trace})
-	}
-	// One transaction settles the whole group: its span hangs below the
-	// first message's and links to all of them.
-	ctx, span := p.tracer.Start(trace.ContextWithSpanContext(ctx, traces[0]), "billing settle",
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
-		trace.WithAttributes(semconv.DBSystemNamePostgreSQL, attribute.Int("billing.events", len(idx))))
-	defer span.End()
-
-	var outcomes []Outcome
-	var details []string
-	err := postgres.InTx(ctx, p.db, func(tx *sqlx.Tx) error {
-		var err error
-		outcomes, details, err = p.claimAndCharge(ctx, tx, events, traces)
-		return err
-	})
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, "rolled back")
-		if errors.Is(err, payment.ErrRejected) && len(idx) == 1 {
-			results[idx[0]].Outcome = Parked
-			results[idx[0]].Code = CodeProviderRejected
-			results[idx[0]].Detail = err.Error()
-		}
-		return err
-	}
-	for n, i := range idx {
-		results[i].Outcome = outcomes[n]
-		if outcomes[n] == Parked {
-			results[i].Code, results[i].Detail = CodePayloadMismatch, details[n]
-		}
-	}
-	p.metrics.Batch.Observe(float64(len(idx)))
-	return nil
-}
-
-// claimAndCharge claims the events in the dedup store and charges those seen
-// for the first time, all inside tx. An event whose id was processed with
-// another payload is Parked, with a detail for the dead-letter reason.
-func (p *Processor) claimAndCharge(ctx context.Context, tx *sqlx.Tx, events []order.Event, traces []trace.SpanContext) ([]Outcome, []string, error) {
-	entries := make([]dedup.Entry, len(events))
-	for i, ev := range events {
-		entries[i] = dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()}
-	}
-	verdicts, err := p.dedup.Claim(ctx, tx, entries)
-	if err != nil {
-		return nil, nil, err
-	}
-	outcomes := make([]Outcome, len(events))
-	details := make([]string, len(events))
-	var fresh []order.Event
-	var freshTraces []trace.SpanContext
-	var freshAt []int
-	for i, v := range verdicts {
-		switch v {
-		case dedup.Duplicate:
-			outcomes[i] = Duplicate
-		case dedup.Mismatch:
-			outcomes[i] = Parked
-			details[i] = fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip", events[i].ID, entries[i].Fingerprint[:8])
-		default:
-			fresh = append(fresh, events[i])
-			freshTraces = append(freshTraces, traces[i])
-			freshAt = append(freshAt, i)
-		}
-	}
-	if len(fresh) == 0 {
-		return outcomes, details, nil
-	}
-	charged, err := chargeOrders(ctx, tx, p.payer, fresh, freshTraces)
-	if err != nil {
-		return nil, nil, err
-	}
-	for n, i := range freshAt {
-		outcomes[i] = charged[n]
-	}
-	return outcomes, details, nil
 }

@@ -91,6 +91,10 @@ var settings = []setting{
 	{"PAYMENT_BASE_URL", func(c config.Serve) any { return c.Payment.BaseURL }},
 	{"PAYMENT_API_KEY", func(c config.Serve) any { return c.Payment.APIKey }},
 	{"PAYMENT_TIMEOUT", func(c config.Serve) any { return c.Payment.Timeout }},
+	{"PAYMENT_MAX_CONCURRENCY", func(c config.Serve) any { return c.Payment.MaxConcurrency }},
+	{"PAYMENT_MAX_RPS", func(c config.Serve) any { return c.Payment.MaxRPS }},
+	{"PAYMENT_IDEMPOTENCY_WINDOW", func(c config.Serve) any { return c.Payment.IdempotencyWindow }},
+	{"PAYMENT_RECOVER_AFTER", func(c config.Serve) any { return c.Payment.RecoverAfter }},
 	{"HTTP_ADDR", func(c config.Serve) any { return c.HTTPAddr }},
 	{"DEDUP_RETENTION", func(c config.Serve) any { return c.Dedup.Retention }},
 	{"DEDUP_ALLOW_SHORT_RETENTION", func(c config.Serve) any { return c.Dedup.AllowShortRetention }},
@@ -142,12 +146,16 @@ func TestLoad_Defaults(t *testing.T) {
 			"PAYMENT_BASE_URL":            env["PAYMENT_BASE_URL"],
 			"PAYMENT_API_KEY":             "",
 			"PAYMENT_TIMEOUT":             10 * time.Second,
+			"PAYMENT_MAX_CONCURRENCY":     1024,
+			"PAYMENT_MAX_RPS":             0.0,
+			"PAYMENT_IDEMPOTENCY_WINDOW":  24 * time.Hour,
+			"PAYMENT_RECOVER_AFTER":       time.Minute, // the longer of 1m and 2 × PAYMENT_TIMEOUT
 			"HTTP_ADDR":                   ":8080",
 			"DEDUP_RETENTION":             168 * time.Hour,
 			"DEDUP_ALLOW_SHORT_RETENTION": false,
 			"LOG_LEVEL":                   slog.LevelInfo,
-			"MAX_IN_FLIGHT":               2 * 16 * 16, // 2 × DATABASE_MAX_CONNS × CONSUMER_BATCH_MAX
-			"CONSUMER_LANES":              8,
+			"MAX_IN_FLIGHT":               2 * 1024, // 2 × PAYMENT_MAX_CONCURRENCY
+			"CONSUMER_LANES":              16,
 			"CONSUMER_BATCH_MAX":          16,
 			"DRAIN_TIMEOUT":               10 * time.Second,
 			"KAFKA_COMMIT_EVERY_MESSAGE":  false,
@@ -181,6 +189,10 @@ func TestLoad_Values(t *testing.T) {
 			"PAYMENT_BASE_URL":            "http://psp:8080/api/",
 			"PAYMENT_API_KEY":             "key",
 			"PAYMENT_TIMEOUT":             3 * time.Second,
+			"PAYMENT_MAX_CONCURRENCY":     64,
+			"PAYMENT_MAX_RPS":             100.0,
+			"PAYMENT_IDEMPOTENCY_WINDOW":  48 * time.Hour,
+			"PAYMENT_RECOVER_AFTER":       30 * time.Second,
 			"HTTP_ADDR":                   "127.0.0.1:9000",
 			"DEDUP_RETENTION":             720 * time.Hour,
 			"DEDUP_ALLOW_SHORT_RETENTION": true,
@@ -195,6 +207,8 @@ func TestLoad_Values(t *testing.T) {
 			"KAFKA_BROKERS":               "kafka-0:9092,kafka-1:9093",
 			"KAFKA_TLS_ENABLED":           "true",
 			"PAYMENT_TIMEOUT":             "3s",
+			"PAYMENT_IDEMPOTENCY_WINDOW":  "48h",
+			"PAYMENT_RECOVER_AFTER":       "30s",
 			"DEDUP_RETENTION":             "720h",
 			"DEDUP_ALLOW_SHORT_RETENTION": "true",
 			"LOG_LEVEL":                   "debug",
@@ -214,14 +228,19 @@ func TestLoad_Values(t *testing.T) {
 		env   []string
 		check func(t *testing.T, cfg config.Serve)
 	}{
-		{"OK_MaxInFlightDefaultsToTwiceConnsTimesBatch", []string{"DATABASE_MAX_CONNS=4", "CONSUMER_BATCH_MAX=3"}, func(t *testing.T, cfg config.Serve) {
+		{"OK_MaxInFlightDefaultsToTwiceTheProviderConcurrency", []string{"PAYMENT_MAX_CONCURRENCY=12"}, func(t *testing.T, cfg config.Serve) {
 			if cfg.Consumer.MaxInFlight != 24 {
-				t.Errorf("MaxInFlight = %d, want 2×4×3 = 24", cfg.Consumer.MaxInFlight)
+				t.Errorf("MaxInFlight = %d, want 2×12 = 24", cfg.Consumer.MaxInFlight)
 			}
 		}},
-		{"OK_MaxInFlightZeroMeansDefault", []string{"MAX_IN_FLIGHT=0", "DATABASE_MAX_CONNS=5", "CONSUMER_BATCH_MAX=1"}, func(t *testing.T, cfg config.Serve) {
+		{"OK_MaxInFlightZeroMeansDefault", []string{"MAX_IN_FLIGHT=0", "PAYMENT_MAX_CONCURRENCY=5"}, func(t *testing.T, cfg config.Serve) {
 			if cfg.Consumer.MaxInFlight != 10 {
-				t.Errorf("MaxInFlight = %d, want 2×5×1 = 10", cfg.Consumer.MaxInFlight)
+				t.Errorf("MaxInFlight = %d, want 2×5 = 10", cfg.Consumer.MaxInFlight)
+			}
+		}},
+		{"OK_RecoverAfterFollowsALongTimeout", []string{"PAYMENT_TIMEOUT=45s"}, func(t *testing.T, cfg config.Serve) {
+			if cfg.Payment.RecoverAfter != 90*time.Second {
+				t.Errorf("RecoverAfter = %s, want 2 × PAYMENT_TIMEOUT = 1m30s", cfg.Payment.RecoverAfter)
 			}
 		}},
 		// "a:1, b:2" is how people write lists; sarama dials each address
@@ -319,6 +338,10 @@ func TestLoad_Errors(t *testing.T) {
 		{"ErrDatabaseMaxConnsTooMany", []string{"DATABASE_MAX_CONNS=1001"}, "DATABASE_MAX_CONNS", ""},
 		{"ErrDatabaseMaxConnsNotNumber", []string{"DATABASE_MAX_CONNS=many"}, "DATABASE_MAX_CONNS", ""},
 		{"ErrPaymentBaseURLMissing", []string{"PAYMENT_BASE_URL"}, "PAYMENT_BASE_URL", ""},
+		{"ErrPaymentMaxConcurrencyZero", []string{"PAYMENT_MAX_CONCURRENCY=0"}, "PAYMENT_MAX_CONCURRENCY", ""},
+		{"ErrPaymentMaxRPSNegative", []string{"PAYMENT_MAX_RPS=-1"}, "PAYMENT_MAX_RPS", ""},
+		{"ErrPaymentWindowTooShort", []string{"PAYMENT_IDEMPOTENCY_WINDOW=10m"}, "PAYMENT_IDEMPOTENCY_WINDOW", ""},
+		{"ErrPaymentRecoverBeforeTheTimeout", []string{"PAYMENT_TIMEOUT=30s", "PAYMENT_RECOVER_AFTER=20s"}, "PAYMENT_RECOVER_AFTER", "PAYMENT_TIMEOUT"},
 		{"ErrPaymentBaseURLEmpty", []string{"PAYMENT_BASE_URL="}, "PAYMENT_BASE_URL", ""},
 		{"ErrPaymentBaseURLFTP", []string{"PAYMENT_BASE_URL=ftp://psp.example.com"}, "PAYMENT_BASE_URL", ""},
 		{"ErrPaymentBaseURLNoScheme", []string{"PAYMENT_BASE_URL=psp.example.com"}, "PAYMENT_BASE_URL", ""},

@@ -58,6 +58,13 @@ type Entry struct {
 	Fingerprint [32]byte
 }
 
+// ClaimProtocol is what every claim records in processed_event.claimed_with:
+// 2, claim → charge → settle (rows from before carry 1). The column has no
+// default, so a binary of the earlier protocol, which charged inside the
+// claim's transaction and does not name it, cannot claim anything against
+// this schema (migration 00004 explains the rolling update it protects).
+const ClaimProtocol = 2
+
 // Store claims events for one consumer group.
 type Store struct {
 	group string
@@ -79,8 +86,8 @@ func NewStore(group string) *Store {
 // this statement wait for it and then see the conflict.
 func (s *Store) Claim(ctx context.Context, tx *sqlx.Tx, entries []Entry) ([]Verdict, error) {
 	const q = `
-INSERT INTO processed_event (event_id, consumer_group, fingerprint)
-SELECT id, $3, fp FROM unnest($1::uuid[], $2::bytea[]) AS e(id, fp)
+INSERT INTO processed_event (event_id, consumer_group, fingerprint, claimed_with)
+SELECT id, $3, fp, $4 FROM unnest($1::uuid[], $2::bytea[]) AS e(id, fp)
 ORDER BY id -- two batches sharing ids insert them in one order: no deadlock
 ON CONFLICT DO NOTHING
 RETURNING event_id`
@@ -91,7 +98,7 @@ RETURNING event_id`
 		ids[i] = e.ID.String()
 		fps[i] = e.Fingerprint[:]
 	}
-	inserted, err := queryIDs(ctx, tx, q, ids, fps, s.group)
+	inserted, err := queryIDs(ctx, tx, q, ids, fps, s.group, ClaimProtocol)
 	if err != nil {
 		return nil, fmt.Errorf("insert processed_event: %w", err)
 	}

@@ -63,9 +63,10 @@ type entry struct {
 
 // answer is a response to POST /v1/charges.
 type answer struct {
-	status   int
-	body     []byte
-	replayed bool
+	status     int
+	body       []byte
+	replayed   bool
+	retryAfter string // seconds, for a 429
 }
 
 // admission is what was decided about a POST /v1/charges when it arrived.
@@ -103,6 +104,9 @@ func (s *Server) handleCreateCharge(w http.ResponseWriter, r *http.Request) {
 	if ans.replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
+	if ans.retryAfter != "" {
+		w.Header().Set("Retry-After", ans.retryAfter)
+	}
 	writeJSON(w, ans.status, ans.body)
 }
 
@@ -130,11 +134,16 @@ func (s *Server) admit(key, authorization string, req chargeRequest, reqErr erro
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.Requests++
+	recent := s.arrived(time.Now())
 	a := admission{latency: s.opts.Latency}
 	switch e, seen := s.keys[key]; {
 	case s.down:
 		s.stats.DownRejections++
 		a.answer = errorAnswer(http.StatusServiceUnavailable, "api_error", "the provider is down")
+	case s.opts.RateLimit > 0 && recent > s.opts.RateLimit:
+		s.stats.RateLimited++
+		a.answer = errorAnswer(http.StatusTooManyRequests, "rate_limit_error", "too many requests")
+		a.answer.retryAfter = "1"
 	case !authorized(authorization, s.opts.APIKey):
 		s.stats.Unauthorized++
 		a.answer = errorAnswer(http.StatusUnauthorized, "authentication_error", "missing or invalid API key")
@@ -162,6 +171,19 @@ func (s *Server) admit(key, authorization string, req chargeRequest, reqErr erro
 		a.reset = !a.decline && s.draw(s.opts.ResetRate)
 	}
 	return a
+}
+
+// arrived records a request arriving at now and returns how many arrived
+// within the last second, this one included. s.mu must be held.
+func (s *Server) arrived(now time.Time) int {
+	cut := 0
+	for cut < len(s.lastSecond) && now.Sub(s.lastSecond[cut]) >= time.Second {
+		cut++
+	}
+	s.lastSecond = append(s.lastSecond[cut:], now)
+	n := len(s.lastSecond)
+	s.stats.PeakPerSecond = max(s.stats.PeakPerSecond, int64(n))
+	return n
 }
 
 // authorized reports whether the Authorization header carries want as a

@@ -11,16 +11,18 @@
 // answers it:
 //
 //  1. provider down (see [Server.SetDown]): 503, nothing changes;
-//  2. APIKey set and Authorization missing or wrong: 401, nothing stored;
-//  3. malformed request: 400, nothing stored;
-//  4. injected failure (FailRate): 503, nothing stored, so a retry with the
+//  2. more than RateLimit requests arrived within the last second: 429 with
+//     Retry-After: 1, nothing stored;
+//  3. APIKey set and Authorization missing or wrong: 401, nothing stored;
+//  4. malformed request: 400, nothing stored;
+//  5. injected failure (FailRate): 503, nothing stored, so a retry with the
 //     same key creates the outcome;
-//  5. key already used with a different body: 422, even while in flight,
+//  6. key already used with a different body: 422, even while in flight,
 //     since retrying cannot fix it;
-//  6. key in flight: 409;
-//  7. key with a stored outcome: the stored answer, byte for byte, with
+//  7. key in flight: 409;
+//  8. key with a stored outcome: the stored answer, byte for byte, with
 //     header Idempotent-Replayed: true;
-//  8. otherwise the request claims the key, waits Latency, and creates the
+//  9. otherwise the request claims the key, waits Latency, and creates the
 //     outcome: a decline (402) when DeclineEvery divides the order id, else a
 //     charge (200), after which the connection is reset with probability
 //     ResetRate.
@@ -61,6 +63,10 @@ type Options struct {
 	// DeclineEvery, when > 0, declines (402) orders whose id is a multiple
 	// of it. 0 never declines.
 	DeclineEvery int64 `json:"declineEvery"`
+	// RateLimit, when > 0, answers 429 with Retry-After: 1 to a request
+	// that arrives when RateLimit requests already arrived within the last
+	// second, as a provider's rate limit does (Stripe's live mode: 100).
+	RateLimit int `json:"rateLimit"`
 	// APIKey, when set, is required as Authorization: Bearer <APIKey> on
 	// POST /v1/charges.
 	APIKey string `json:"apiKey,omitempty"`
@@ -81,6 +87,8 @@ func (o Options) Validate() error {
 		return errors.New("resetRate must be within [0, 1]")
 	case o.DeclineEvery < 0:
 		return errors.New("declineEvery must not be negative")
+	case o.RateLimit < 0:
+		return errors.New("rateLimit must not be negative")
 	}
 	return nil
 }
@@ -115,8 +123,12 @@ type Stats struct {
 	Unauthorized       int64 `json:"unauthorized"`       // 401
 	InjectedFailures   int64 `json:"injectedFailures"`   // 503 from FailRate
 	DownRejections     int64 `json:"downRejections"`     // 503 while down
+	RateLimited        int64 `json:"rateLimited"`        // 429 from RateLimit
 	Resets             int64 `json:"resets"`             // connections closed after charging
 	OrdersChargedTwice int64 `json:"ordersChargedTwice"` // orders with more than one succeeded charge
+	// PeakPerSecond is the most POST /v1/charges that arrived within any
+	// one second (a sliding window): what a rate limit would have seen.
+	PeakPerSecond int64 `json:"peakPerSecond"`
 }
 
 // pcgStream is the second PCG parameter. Only Seed varies between runs; any
@@ -138,6 +150,10 @@ type Server struct {
 	// Stats.OrdersChargedTwice.
 	chargesPerOrder map[int64]int
 	stats           Stats
+	// lastSecond holds the arrival times of the requests of the last
+	// second, oldest first: the sliding window of RateLimit and
+	// Stats.PeakPerSecond.
+	lastSecond []time.Time
 }
 
 // New returns a server injecting the faults in opts.

@@ -111,9 +111,15 @@ func wantStatus(t *testing.T, r reply, status int) {
 	}
 }
 
+// wantStats compares the counters; PeakPerSecond depends on timing and is
+// compared only when want sets it.
 func wantStats(t *testing.T, psp *fakepsp.Server, want fakepsp.Stats) {
 	t.Helper()
-	if got := psp.Stats(); got != want {
+	got := psp.Stats()
+	if want.PeakPerSecond == 0 {
+		got.PeakPerSecond = 0
+	}
+	if got != want {
 		t.Errorf("stats:\n got  %+v\n want %+v", got, want)
 	}
 }
@@ -830,4 +836,34 @@ func eventually(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// RateLimit answers 429 with Retry-After: 1 beyond its number of requests
+// a second, stores nothing for them, and PeakPerSecond tells the most that
+// arrived within any second.
+func TestRateLimit(t *testing.T) {
+	psp := fakepsp.New(fakepsp.Options{RateLimit: 3})
+	srv := httptest.NewServer(psp)
+	t.Cleanup(srv.Close)
+	var limited int
+	for i := range 5 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges",
+			strings.NewReader(fmt.Sprintf(`{"orderId":%d,"customerId":2,"amount":100,"currency":"EUR"}`, i+1)))
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("key-%d", i))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			limited++
+			if resp.Header.Get("Retry-After") != "1" {
+				t.Errorf("429 without Retry-After: 1")
+			}
+		}
+	}
+	if limited != 2 {
+		t.Errorf("%d of 5 requests within a second limited, want 2", limited)
+	}
+	wantStats(t, psp, fakepsp.Stats{Requests: 5, DistinctKeys: 3, ChargesCreated: 3, RateLimited: 2, PeakPerSecond: 5})
 }

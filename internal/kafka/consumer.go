@@ -6,6 +6,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"sync"
@@ -315,7 +316,7 @@ func (p *partition) handle(batch []*message) {
 		}
 		msgs := make([]billing.Message, len(pending))
 		for i, m := range pending {
-			msgs[i] = billing.Message{Value: m.msg.Value, Trace: m.span.SpanContext()}
+			msgs[i] = billing.Message{Value: m.msg.Value, Trace: m.span.SpanContext(), ID: p.messageID(m.msg)}
 		}
 		results, err := p.c.proc.Process(p.work, msgs)
 
@@ -430,6 +431,12 @@ func (p *partition) abandon(ms []*message) {
 	}
 }
 
+// messageID names a message for billing.Message.ID: group, topic,
+// partition and offset identify it across redeliveries and processes.
+func (p *partition) messageID(m *sarama.ConsumerMessage) string {
+	return fmt.Sprintf("%s/%s/%d/%d", p.c.opts.Group, m.Topic, m.Partition, m.Offset)
+}
+
 // traceID is the trace id of a message's span, "" when it has none.
 func traceID(span trace.Span) string {
 	if sc := span.SpanContext(); sc.HasTraceID() {
@@ -441,7 +448,7 @@ func traceID(span trace.Span) string {
 // cause names what an attempt failed on, for the retries metric.
 func cause(err error) string {
 	var te *payment.TransientError
-	if errors.As(err, &te) {
+	if errors.As(err, &te) || errors.Is(err, billing.ErrAttemptBusy) {
 		return "payment"
 	}
 	return "database"

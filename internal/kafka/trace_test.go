@@ -56,7 +56,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 
 	db, _ := dbtest.New(t)
 	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConns: 4, TracerProvider: tp}, m)
+	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4, TracerProvider: tp}, m)
 	defer payer.Close()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	proc := billing.NewProcessor(db, dedup.NewStore(b.Group), payer,
@@ -149,7 +149,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	if !charged.SpanContext.IsValid() {
 		t.Fatalf("no process span carries messaging.message.id = %s", ev.ID)
 	}
-	for _, name := range []string{"billing settle", "payment charge"} {
+	for _, name := range []string{"billing claim", "billing settle", "payment charge"} {
 		if len(spans[name]) != 1 {
 			t.Fatalf("%d %q spans, want 1: %v", len(spans[name]), name, names(spans))
 		}

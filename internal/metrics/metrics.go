@@ -43,6 +43,24 @@ type Metrics struct {
 	PaymentRequests *prometheus.CounterVec
 	// PaymentSeconds observes provider call latency.
 	PaymentSeconds prometheus.Histogram
+	// PaymentInFlight is the number of provider requests holding one of
+	// the client's PAYMENT_MAX_CONCURRENCY slots (sent, or waiting for the
+	// rate limit or a 429 pause).
+	PaymentInFlight prometheus.Gauge
+	// Transaction observes how long each database transaction of the
+	// pipeline was open, by phase (claim, settle, recover): none of them
+	// spans a provider call, so they stay short whatever the provider does.
+	Transaction *prometheus.HistogramVec
+	// AttemptsPending is the number of charge attempts waiting for a
+	// provider answer to be recorded, AttemptsOldestPending the age of the
+	// oldest, and AttemptsExpired those older than the provider's
+	// idempotency window: never retried blindly, they need a human.
+	AttemptsPending       prometheus.Gauge
+	AttemptsOldestPending prometheus.Gauge
+	AttemptsExpired       prometheus.Gauge
+	// AttemptsRecovered counts attempts maintenance found left pending, by
+	// what became of them (succeeded, declined, rejected, failed, expired).
+	AttemptsRecovered *prometheus.CounterVec
 	// Lag is the broker's high-water mark minus the group's committed offset
 	// for each partition this instance owns.
 	Lag *prometheus.GaugeVec
@@ -96,6 +114,31 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Payment provider request latency.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
+		PaymentInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_payment_requests_in_flight",
+			Help: "Provider requests holding a PAYMENT_MAX_CONCURRENCY slot (sent, or waiting for PAYMENT_MAX_RPS or a 429 pause).",
+		}),
+		Transaction: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "billing_db_transaction_seconds",
+			Help:    "Time each pipeline database transaction was open, by phase (claim, settle, recover); none spans a provider call.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"phase"}),
+		AttemptsPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_charge_attempts_pending",
+			Help: "Charge attempts recorded before their provider call whose answer is not recorded yet (read by maintenance).",
+		}),
+		AttemptsOldestPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_charge_attempts_oldest_pending_seconds",
+			Help: "Age of the oldest pending charge attempt (0 when none).",
+		}),
+		AttemptsExpired: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_charge_attempts_expired",
+			Help: "Pending charge attempts older than PAYMENT_IDEMPOTENCY_WINDOW: never retried blindly; reconcile them by hand.",
+		}),
+		AttemptsRecovered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_charge_attempts_recovered_total",
+			Help: "Charge attempts left pending that maintenance completed, by result.",
+		}, []string{"result"}),
 		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "billing_consumer_lag",
 			Help: "High-water mark minus committed offset, per owned partition.",
@@ -135,7 +178,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
-		m.PaymentSeconds, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch,
+		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.AttemptsPending, m.AttemptsOldestPending,
+		m.AttemptsExpired, m.AttemptsRecovered, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.

@@ -14,16 +14,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"golang.org/x/time/rate"
 
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/tracing"
@@ -70,16 +73,25 @@ type Config struct {
 	BaseURL string        // e.g. https://psp.example.com; /v1/charges is appended
 	APIKey  string        // sent as a bearer token; never logged
 	Timeout time.Duration // per request
-	// MaxConns bounds the connections to the provider. Size it to the number
-	// of charges in flight so that keep-alive connections are reused instead
-	// of a TLS handshake per charge.
-	MaxConns int
+	// MaxConcurrency bounds the requests in flight, whole client, and the
+	// connections to the provider, so that keep-alive connections are
+	// reused instead of a TLS handshake per charge. 0 means no bound.
+	MaxConcurrency int
+	// MaxRPS bounds the requests sent per second, whole client (a token
+	// bucket with a burst of one second's worth); 0 means no bound.
+	MaxRPS float64
 	// TracerProvider traces each call as a client span; nil traces nothing.
 	// Either way the request carries the caller's traceparent onward.
 	TracerProvider trace.TracerProvider
 }
 
 // Client calls the provider's charges API.
+//
+// It stays inside what the provider allows, for the whole process: at most
+// MaxConcurrency requests in flight and MaxRPS a second, and after a 429
+// with Retry-After no request at all until that time has passed. A caller
+// waits for its turn (or for its context to end) before its request is
+// sent; a provider that keeps failing is left alone by the circuit breaker.
 type Client struct {
 	url     string
 	apiKey  string
@@ -87,14 +99,20 @@ type Client struct {
 	http    *http.Client
 	breaker *breaker
 	metrics *metrics.Metrics
+
+	slots   chan struct{} // one per request in flight; nil: unbounded
+	limiter *rate.Limiter // nil: unbounded
+	// pausedUntil holds the UnixNano time before which no request is sent:
+	// the provider's Retry-After of a 429, for every caller.
+	pausedUntil atomic.Int64
 }
 
 // New returns a client for cfg.
 func New(cfg Config, m *metrics.Metrics) *Client {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.MaxIdleConns = cfg.MaxConns
-	transport.MaxIdleConnsPerHost = cfg.MaxConns
-	transport.MaxConnsPerHost = cfg.MaxConns
+	transport.MaxIdleConns = cfg.MaxConcurrency
+	transport.MaxIdleConnsPerHost = cfg.MaxConcurrency
+	transport.MaxConnsPerHost = cfg.MaxConcurrency
 	// otelhttp costs a few percent of the service's CPU even with a no-op
 	// provider (it builds its metric attributes per request), so it wraps
 	// the transport only when spans are recorded. Either way charge puts the
@@ -105,7 +123,7 @@ func New(cfg Config, m *metrics.Metrics) *Client {
 			otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator()),
 			otelhttp.WithSpanNameFormatter(func(string, *http.Request) string { return "payment charge" }))
 	}
-	return &Client{
+	c := &Client{
 		url:     strings.TrimRight(cfg.BaseURL, "/") + "/v1/charges",
 		apiKey:  cfg.APIKey,
 		timeout: cfg.Timeout,
@@ -118,6 +136,13 @@ func New(cfg Config, m *metrics.Metrics) *Client {
 		},
 		metrics: m,
 	}
+	if cfg.MaxConcurrency > 0 {
+		c.slots = make(chan struct{}, cfg.MaxConcurrency)
+	}
+	if cfg.MaxRPS > 0 {
+		c.limiter = rate.NewLimiter(rate.Limit(cfg.MaxRPS), max(1, int(math.Ceil(cfg.MaxRPS))))
+	}
+	return c
 }
 
 // Close releases idle connections.
@@ -138,6 +163,11 @@ const maxAnswer = 64 << 10
 // that wraps ErrDeclined, wraps ErrRejected, or is a *TransientError (one
 // that wraps ErrCircuitOpen when the request was not even sent).
 func (c *Client) Charge(ctx context.Context, r Request) (Charge, error) {
+	release, err := c.turn(ctx)
+	if err != nil {
+		return Charge{}, transient("canceled", 0, err)
+	}
+	defer release()
 	ok, probe := c.breaker.allow()
 	if !ok {
 		c.metrics.PaymentRequests.WithLabelValues("circuit_open").Inc()
@@ -147,6 +177,10 @@ func (c *Client) Charge(ctx context.Context, r Request) (Charge, error) {
 	ch, result, err := c.charge(ctx, r)
 	c.metrics.PaymentSeconds.Observe(time.Since(started).Seconds())
 	c.metrics.PaymentRequests.WithLabelValues(result).Inc()
+	var te *TransientError
+	if result == "rate_limited" && errors.As(err, &te) && te.RetryAfter > 0 {
+		c.pause(te.RetryAfter)
+	}
 	// A 409 says only that our own earlier request for this key is still
 	// being processed: nothing about the provider's health.
 	// Our own cancellation (a drain cut short) says nothing either.
@@ -154,6 +188,57 @@ func (c *Client) Charge(ctx context.Context, r Request) (Charge, error) {
 		c.breaker.done(healthy(result), probe)
 	}
 	return ch, err
+}
+
+// turn waits until a request may be sent: a free slot, no 429 pause in
+// force, a token of the rate limit. It returns the function that frees the
+// slot, or ctx's error.
+func (c *Client) turn(ctx context.Context) (release func(), err error) {
+	release = func() {}
+	if c.slots != nil {
+		select {
+		case c.slots <- struct{}{}:
+			release = func() { <-c.slots }
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	c.metrics.PaymentInFlight.Inc()
+	done := release
+	release = func() { c.metrics.PaymentInFlight.Dec(); done() }
+	for {
+		wait := time.Until(time.Unix(0, c.pausedUntil.Load()))
+		if wait <= 0 {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			release()
+			return nil, ctx.Err()
+		}
+	}
+	if c.limiter != nil {
+		if err := c.limiter.Wait(ctx); err != nil {
+			release()
+			return nil, err
+		}
+	}
+	return release, nil
+}
+
+// pause holds every request back for d: the provider asked the client, not
+// one caller, to slow down.
+func (c *Client) pause(d time.Duration) {
+	until := time.Now().Add(d).UnixNano()
+	for {
+		cur := c.pausedUntil.Load()
+		if cur >= until || c.pausedUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
 }
 
 // healthy reports whether a result shows a working provider: it answered

@@ -100,7 +100,7 @@ func TestCharge_Request(t *testing.T) {
 				_, _ = io.WriteString(w, chargeOK)
 			}))
 			t.Cleanup(srv.Close)
-			c, _ := newClient(t, payment.Config{BaseURL: srv.URL + tt.basePath, APIKey: tt.apiKey, MaxConns: 4})
+			c, _ := newClient(t, payment.Config{BaseURL: srv.URL + tt.basePath, APIKey: tt.apiKey, MaxConcurrency: 4})
 
 			ch, err := c.Charge(context.Background(), charge)
 			if err != nil {
@@ -216,7 +216,7 @@ func TestCharge_Classification(t *testing.T) {
 			t.Parallel()
 			srv := httptest.NewServer(answer(tt.status, tt.body, tt.headers...))
 			t.Cleanup(srv.Close)
-			c, m := newClient(t, payment.Config{BaseURL: srv.URL, APIKey: apiKey, MaxConns: 4})
+			c, m := newClient(t, payment.Config{BaseURL: srv.URL, APIKey: apiKey, MaxConcurrency: 4})
 
 			ch, err := c.Charge(context.Background(), charge)
 			if got := classify(t, err); got != tt.want {
@@ -262,7 +262,7 @@ func TestCharge_Unreachable(t *testing.T) {
 		}))
 		t.Cleanup(srv.Close)
 		t.Cleanup(func() { close(release) }) // runs before srv.Close
-		c, m := newClient(t, payment.Config{BaseURL: srv.URL, Timeout: 100 * time.Millisecond, MaxConns: 4})
+		c, m := newClient(t, payment.Config{BaseURL: srv.URL, Timeout: 100 * time.Millisecond, MaxConcurrency: 4})
 
 		// The caller's own deadline is far away: the client's timeout must
 		// end the call.
@@ -288,7 +288,7 @@ func TestCharge_Unreachable(t *testing.T) {
 		srv := httptest.NewServer(answer(201, chargeOK))
 		base := srv.URL
 		srv.Close() // nothing listens on base any more
-		c, m := newClient(t, payment.Config{BaseURL: base, APIKey: apiKey, MaxConns: 4})
+		c, m := newClient(t, payment.Config{BaseURL: base, APIKey: apiKey, MaxConcurrency: 4})
 
 		_, err := c.Charge(context.Background(), charge)
 		var te *payment.TransientError
@@ -308,7 +308,7 @@ func TestCharge_Unreachable(t *testing.T) {
 		t.Parallel()
 		srv := httptest.NewServer(answer(201, chargeOK))
 		t.Cleanup(srv.Close)
-		c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConns: 4})
+		c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 4})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 
@@ -350,7 +350,7 @@ func TestCharge_OversizeAnswer(t *testing.T) {
 				written <- n
 			}))
 			t.Cleanup(srv.Close)
-			c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConns: 4})
+			c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 4})
 
 			_, err := c.Charge(context.Background(), charge)
 			if got := classify(t, err); got != tt.want {
@@ -376,9 +376,9 @@ func TestCharge_KeepAlive(t *testing.T) {
 		name     string
 		maxConns int
 	}{
-		{"OK_MaxConns4", 4},
-		{"OK_MaxConns1", 1},
-		{"OK_MaxConnsUnset", 0},
+		{"OK_MaxConcurrency4", 4},
+		{"OK_MaxConcurrency1", 1},
+		{"OK_MaxConcurrencyUnset", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -399,7 +399,7 @@ func TestCharge_KeepAlive(t *testing.T) {
 			}
 			srv.Start()
 			t.Cleanup(srv.Close)
-			c, m := newClient(t, payment.Config{BaseURL: srv.URL, MaxConns: tt.maxConns})
+			c, m := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: tt.maxConns})
 
 			for range 50 {
 				_, _ = c.Charge(context.Background(), charge)
@@ -443,7 +443,7 @@ func TestCharge_APIKeyNeverInErrors(t *testing.T) {
 				_, _ = io.WriteString(w, `{"error":"invalid credentials: `+r.Header.Get("Authorization")+`", "key":"`+strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")+`"}`)
 			}))
 			t.Cleanup(srv.Close)
-			c, _ := newClient(t, payment.Config{BaseURL: srv.URL, APIKey: apiKey, MaxConns: 4})
+			c, _ := newClient(t, payment.Config{BaseURL: srv.URL, APIKey: apiKey, MaxConcurrency: 4})
 
 			_, err := c.Charge(context.Background(), charge)
 			if err == nil {
@@ -465,7 +465,7 @@ func TestCharge_CarriesTheCallersTraceparent(t *testing.T) {
 		io.WriteString(w, chargeOK)
 	}))
 	defer srv.Close()
-	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, Timeout: time.Second, MaxConns: 1})
+	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, Timeout: time.Second, MaxConcurrency: 1})
 	sc := trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled, Remote: true,
 	})

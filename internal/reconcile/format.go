@@ -23,8 +23,8 @@ func WriteText(w io.Writer, rep Report) error {
 	fmt.Fprintf(&b, "window   %s .. %s (provider read %s .. %s)\n",
 		ts(rep.Window.From), ts(rep.Window.To), ts(rep.Lookup.From), ts(rep.Lookup.To))
 	fmt.Fprintf(&b, "in window: %d charge rows, %d provider charges\n", s.Records, s.Charges)
-	fmt.Fprintf(&b, "matched %d, declined (not expected at the provider) %d, missing at provider %d, missing in database %d, mismatched %d\n",
-		s.Matched, s.Declined, s.MissingAtProvider, s.MissingInDB, s.Mismatched)
+	fmt.Fprintf(&b, "matched %d, declined or rejected (not expected at the provider) %d, missing at provider %d, missing in database %d, mismatched %d, pending %d\n",
+		s.Matched, s.Declined+s.Rejected, s.MissingAtProvider, s.MissingInDB, s.Mismatched, s.Pending)
 	for _, d := range rep.Discrepancies {
 		switch d.Kind {
 		case MissingAtProvider:
@@ -39,6 +39,10 @@ func WriteText(w io.Writer, rep Report) error {
 				fmt.Fprintf(&b, "  (%s)", d.Note)
 			}
 			b.WriteString("\n")
+		case Pending:
+			r := d.Record
+			fmt.Fprintf(&b, "PENDING              event %s  order %d  %d %s  attempt of %s  (%s)\n",
+				r.EventID, r.OrderID, r.Amount, strings.TrimSpace(r.Currency), ts(r.CreatedAt), d.Note)
 		case Mismatch:
 			parts := make([]string, len(d.Diffs))
 			for i, f := range d.Diffs {

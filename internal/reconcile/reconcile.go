@@ -33,7 +33,7 @@ type Record struct {
 	CustomerID       int64     `json:"customerId"`
 	Amount           int64     `json:"amount"` // minor units
 	Currency         string    `json:"currency"`
-	Status           string    `json:"status"` // StatusSucceeded or StatusDeclined
+	Status           string    `json:"status"` // one of the Status constants
 	ProviderChargeID string    `json:"providerChargeId,omitempty"`
 	CreatedAt        time.Time `json:"createdAt"`
 }
@@ -50,11 +50,14 @@ type Charge struct {
 	Created        time.Time `json:"created"`
 }
 
-// Statuses of a charge: billing records both; only a succeeded charge
-// moved money, so only those are compared.
+// Statuses of a charge row. Only a succeeded charge moved money, so only
+// those are compared; a pending row is an attempt whose answer is not
+// recorded yet (its provider side may or may not exist).
 const (
 	StatusSucceeded = "succeeded"
 	StatusDeclined  = "declined"
+	StatusRejected  = "rejected" // the provider refused the request itself
+	StatusPending   = "pending"
 )
 
 // Ledger is the provider's record of charges.
@@ -105,6 +108,12 @@ const (
 	// Mismatch: both sides have the charge but disagree on order, customer,
 	// amount, currency, status, provider charge id or idempotency key.
 	Mismatch Kind = "mismatch"
+	// Pending: a charge attempt whose provider answer billing has not
+	// recorded, older than the settle margin: maintenance should have
+	// completed it. The provider's charge, when it has one, is attached.
+	// Past the provider's idempotency window it is never retried blindly
+	// and waits for a human.
+	Pending Kind = "pending"
 )
 
 // Diff is one field on which the two sides of a pair disagree.
@@ -137,15 +146,21 @@ type Summary struct {
 	Charges int `json:"charges"`
 	// Matched pairs agree on every field.
 	Matched int `json:"matched"`
-	// Declined records have no provider charge, as expected.
+	// Declined and Rejected records have no provider charge, as expected.
 	Declined          int `json:"declined"`
+	Rejected          int `json:"rejected"`
 	MissingAtProvider int `json:"missingAtProvider"`
 	MissingInDB       int `json:"missingInDb"`
 	Mismatched        int `json:"mismatched"`
+	// Pending attempts have no recorded answer (see Pending).
+	Pending int `json:"pending"`
 }
 
-// Discrepancies is the number of charges the sides disagree on.
-func (s Summary) Discrepancies() int { return s.MissingAtProvider + s.MissingInDB + s.Mismatched }
+// Discrepancies is the number of charges the sides disagree on, or whose
+// outcome billing does not know.
+func (s Summary) Discrepancies() int {
+	return s.MissingAtProvider + s.MissingInDB + s.Mismatched + s.Pending
+}
 
 // Report is the result of a reconciliation.
 type Report struct {
@@ -219,9 +234,23 @@ func Compare(w Window, records []Record, charges []Charge) Report {
 		if !w.Contains(r.CreatedAt) && (c == nil || !w.Contains(c.Created)) {
 			continue // neither side in the window: another window's pair
 		}
+		if r.Status == StatusPending {
+			d := Discrepancy{Kind: Pending, Key: r.EventID, Record: r, Charge: c,
+				Note: "no charge at the provider under its key"}
+			if c != nil {
+				d.Note = "the provider charged it; billing has not recorded the answer"
+			}
+			rep.Summary.Pending++
+			rep.Discrepancies = append(rep.Discrepancies, d)
+			continue
+		}
 		if c == nil {
-			if r.Status == StatusDeclined {
+			switch r.Status {
+			case StatusDeclined:
 				rep.Summary.Declined++
+				continue
+			case StatusRejected:
+				rep.Summary.Rejected++
 				continue
 			}
 			rep.Summary.MissingAtProvider++

@@ -63,6 +63,24 @@ func TestCompare(t *testing.T) {
 			wantDisc: []string{"mismatch:status"},
 		},
 		{
+			name:    "rejected row is not expected at the provider",
+			records: []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = reconcile.StatusRejected })},
+			want:    reconcile.Summary{Records: 1, Rejected: 1},
+		},
+		{
+			name:     "pending attempt the provider charged",
+			records:  []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = reconcile.StatusPending })},
+			charges:  []reconcile.Charge{chg(key1, mid)},
+			want:     reconcile.Summary{Records: 1, Charges: 1, Pending: 1},
+			wantDisc: []string{"pending"},
+		},
+		{
+			name:     "pending attempt without a provider charge",
+			records:  []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = reconcile.StatusPending })},
+			want:     reconcile.Summary{Records: 1, Pending: 1},
+			wantDisc: []string{"pending"},
+		},
+		{
 			name:     "row without provider charge",
 			records:  []reconcile.Record{rec(key1, mid)},
 			want:     reconcile.Summary{Records: 1, MissingAtProvider: 1},
@@ -217,7 +235,7 @@ func TestWriteText(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"matched 0, declined (not expected at the provider) 0, missing at provider 1, missing in database 1, mismatched 1",
+		"matched 0, declined or rejected (not expected at the provider) 0, missing at provider 1, missing in database 1, mismatched 1, pending 0",
 		"MISSING AT PROVIDER  event " + key1,
 		"MISSING IN DATABASE  key k3",
 		"MISMATCH             event " + key2 + "  order 42  charge ch_0002  amount: database 5, provider 1999",

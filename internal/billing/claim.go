@@ -1,0 +1,339 @@
+package billing
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/order"
+)
+
+// orderLockSpace is the first key of billing's two-key advisory locks
+// ("bill"), so that they never collide with one-key locks such as the
+// migration lock. The second key is hashint8(order_id): two orders that share
+// a hash only wait for each other.
+const orderLockSpace = 0x62696c6c
+
+// plan is what one claim decided: the attempts this round completes, and
+// which attempt each undecided event waits for.
+type plan struct {
+	calls map[uuid.UUID]*call
+	// waits maps an event (index into results) to the attempt it waits
+	// for: its own, or another event's attempt for its order.
+	waits map[int]uuid.UUID
+	// claimed is the number of events the claim recorded.
+	claimed int
+}
+
+// intent is what the claim means to do with an event, before the dedup
+// store's verdict.
+type intent int
+
+const (
+	newAttempt     intent = iota // record a pending attempt and charge it
+	resume                       // complete the event's own pending attempt
+	retryRejected                // ask again after the provider refused the request
+	settled                      // the event's attempt is settled: nothing to do
+	alreadyCharged               // another event of the order succeeded
+	copyInBatch                  // a later copy of an event claimed earlier in this batch
+)
+
+// claim runs phase 1 for the events results[idx] in one transaction. Under
+// the advisory locks of their orders it reads the orders' attempts, records
+// the events in the dedup store and a pending attempt for each first-seen
+// event that may charge its order, and returns the plan. Events it decides
+// at once (duplicates, business duplicates, mismatches) get their Result.
+func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*plan, error) {
+	events := make([]order.Event, len(idx))
+	orderIDs := make([]int64, len(idx))
+	for n, i := range idx {
+		events[n], orderIDs[n] = results[i].Event, results[i].Event.OrderID
+	}
+	slices.Sort(orderIDs)
+	orderIDs = slices.Compact(orderIDs)
+
+	var pl *plan
+	decided := map[int]Result{}
+	err := p.inTx(ctx, "claim", results, idx, func(tx *sqlx.Tx) error {
+		pl = &plan{calls: map[uuid.UUID]*call{}, waits: map[int]uuid.UUID{}}
+		clear(decided)
+		if err := lockOrders(ctx, tx, orderIDs); err != nil {
+			return err
+		}
+		// After the locks, so that under READ COMMITTED this statement
+		// sees what the locks' last holders committed.
+		rows, err := selectAttempts(ctx, tx, orderIDs, events)
+		if err != nil {
+			return err
+		}
+		byEvent := map[uuid.UUID]attempt{}
+		paid := map[int64]bool{}
+		busy := map[int64]uuid.UUID{} // order → the attempt this round completes for it
+		for _, a := range rows {
+			byEvent[a.EventID] = a
+			switch a.Status {
+			case statusSucceeded:
+				paid[a.OrderID] = true
+			case statusPending:
+				busy[a.OrderID] = a.EventID
+				pl.calls[a.EventID] = newCall(a, true)
+			}
+		}
+
+		// What each event would do, in batch order: the first event of an
+		// order may charge it, the others wait for that attempt.
+		var entries []dedup.Entry
+		var claimIdx []int
+		intents := map[int]intent{}
+		claiming := map[uuid.UUID]bool{}
+		for _, i := range idx {
+			ev := results[i].Event
+			own, hasOwn := byEvent[ev.ID]
+			var in intent
+			switch {
+			case claiming[ev.ID]:
+				// The dedup store judges it against the first copy.
+				in = copyInBatch
+			case hasOwn && !own.sameRequest(ev):
+				r := results[i]
+				r.park(CodePayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
+					ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
+				decided[i] = r
+				continue
+			case hasOwn && own.Status == statusPending:
+				in = resume
+			case hasOwn && own.Status != statusRejected:
+				in = settled
+			case paid[ev.OrderID]:
+				in = alreadyCharged
+			default: // a new attempt, or one more after the provider refused
+				if b, ok := busy[ev.OrderID]; ok {
+					pl.waits[i] = b // decided once that attempt is settled
+					continue
+				}
+				in = newAttempt
+				if hasOwn {
+					in = retryRejected
+				}
+				busy[ev.OrderID] = ev.ID
+			}
+			intents[i] = in
+			claiming[ev.ID] = true
+			claimIdx = append(claimIdx, i)
+			entries = append(entries, dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()})
+		}
+		verdicts, err := p.dedup.Claim(ctx, tx, entries)
+		if err != nil {
+			return err
+		}
+		pl.claimed = len(entries)
+
+		var fresh []attempt
+		var retried []uuid.UUID
+		var settledOwn []int
+		for n, i := range claimIdx {
+			ev, in, v := results[i].Event, intents[i], verdicts[n]
+			r := results[i]
+			switch {
+			case v == dedup.Mismatch:
+				r.park(CodePayloadMismatch, fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip",
+					ev.ID, entries[n].Fingerprint[:8]))
+				decided[i] = r
+				continue
+			case in == resume || in == retryRejected:
+				// A redelivery, a retry or a replay of an event whose
+				// attempt is recorded: complete it under the same key.
+				c := newCall(byEvent[ev.ID], in == resume)
+				if in == retryRejected {
+					retried = append(retried, ev.ID)
+					c.a.Status, c.a.CreatedAt = statusPending, p.now()
+				}
+				pl.waits[i] = ev.ID
+				pl.calls[ev.ID] = c
+				continue
+			case in == settled:
+				// Counted below when no message of the event counted it.
+				r.Outcome, r.Recorded = Duplicate, byEvent[ev.ID].outcome()
+				settledOwn = append(settledOwn, i)
+			case v == dedup.Duplicate || in == copyInBatch:
+				// Claimed before without an attempt of its own: a business
+				// duplicate then, or its attempt was settled elsewhere.
+				r.Outcome = Duplicate
+			case in == alreadyCharged:
+				r.Outcome = AlreadyCharged
+			default: // newAttempt, first seen
+				a := newAttemptOf(ev)
+				fresh = append(fresh, a)
+				pl.waits[i] = ev.ID
+				pl.calls[ev.ID] = newCall(a, false)
+				continue
+			}
+			decided[i] = r
+		}
+		if err := p.count(ctx, tx, results, settledOwn, decided); err != nil {
+			return err
+		}
+		if err := insertAttempts(ctx, tx, fresh); err != nil {
+			return err
+		}
+		return reopenRejected(ctx, tx, retried)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range decided {
+		results[i] = r
+	}
+	// A call per attempt some event waits for; the others (pending attempts
+	// of orders whose events all decided otherwise) are left to their own
+	// events and to maintenance.
+	needed := map[uuid.UUID]bool{}
+	for _, i := range idx { // batch order: the first waiting event traces the call
+		id, waits := pl.waits[i]
+		c, ok := pl.calls[id]
+		if !waits || !ok {
+			continue // an attempt that was not recorded after all: next round
+		}
+		if !needed[id] {
+			needed[id] = true
+			c.trace = results[i].trace
+		}
+		if id == results[i].Event.ID && c.countedFor < 0 {
+			c.countedFor = i // its own event's first copy counts the outcome
+		}
+	}
+	for id := range pl.calls {
+		if !needed[id] {
+			delete(pl.calls, id)
+		}
+	}
+	p.metrics.Batch.Observe(float64(pl.claimed))
+	return pl, nil
+}
+
+// count decides, for the events idx whose own attempt is settled, which
+// message counts the outcome: the first try that finds it counted for
+// nobody (another worker settled it: another event of the order,
+// maintenance) or counted for this very message's earlier try in this
+// process, whose commit went unanswered. It records that in
+// charge.counted_by and reports the recorded outcome; every other copy
+// stays a Duplicate.
+func (p *Processor) count(ctx context.Context, tx *sqlx.Tx, results []Result, idx []int, decided map[int]Result) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	const q = `
+UPDATE charge AS c SET counted_by = u.counter
+FROM unnest($1::uuid[], $2::text[]) AS u(id, counter)
+WHERE c.event_id = u.id AND c.status IN ('succeeded', 'declined')
+  AND (c.counted_by IS NULL OR c.counted_by = u.counter)
+RETURNING c.event_id, c.counted_by`
+	var ids, counters pq.StringArray
+	seen := map[uuid.UUID]bool{}
+	for _, i := range idx {
+		id := results[i].Event.ID
+		if seen[id] {
+			continue // a second copy in the batch is a duplicate
+		}
+		seen[id] = true
+		ids = append(ids, id.String())
+		counters = append(counters, results[i].counter)
+	}
+	var counted []struct {
+		EventID uuid.UUID `db:"event_id"`
+		Counter string    `db:"counted_by"`
+	}
+	if err := tx.SelectContext(ctx, &counted, q, ids, counters); err != nil {
+		return fmt.Errorf("count settled charge attempts: %w", err)
+	}
+	byEvent := map[uuid.UUID]string{}
+	for _, c := range counted {
+		byEvent[c.EventID] = c.Counter
+	}
+	for _, i := range idx {
+		r := decided[i]
+		if byEvent[r.Event.ID] == results[i].counter {
+			r.Outcome = r.Recorded
+			delete(byEvent, r.Event.ID) // once
+			decided[i] = r
+		}
+	}
+	return nil
+}
+
+func lockOrders(ctx context.Context, tx *sqlx.Tx, orderIDs []int64) error {
+	// ORDER BY at the top level: PostgreSQL evaluates a volatile function of
+	// the select list after sorting, so the locks are taken in key order
+	// and two batches sharing orders cannot deadlock.
+	const q = `
+SELECT pg_advisory_xact_lock($1, h)
+FROM (SELECT DISTINCT hashint8(id) AS h FROM unnest($2::int8[]) AS id) AS keys
+ORDER BY h`
+	if _, err := tx.ExecContext(ctx, q, orderLockSpace, pq.Int64Array(orderIDs)); err != nil {
+		return fmt.Errorf("lock orders: %w", err)
+	}
+	return nil
+}
+
+// selectAttempts reads the attempts of orderIDs and those of the events
+// themselves (an event id recorded for another order is a mismatch).
+func selectAttempts(ctx context.Context, tx *sqlx.Tx, orderIDs []int64, events []order.Event) ([]attempt, error) {
+	const q = `SELECT ` + attemptColumns + ` FROM charge WHERE order_id = ANY($1::int8[]) OR event_id = ANY($2::uuid[])`
+	ids := make(pq.StringArray, len(events))
+	for i, ev := range events {
+		ids[i] = ev.ID.String()
+	}
+	var rows []attempt
+	if err := tx.SelectContext(ctx, &rows, q, pq.Int64Array(orderIDs), ids); err != nil {
+		return nil, fmt.Errorf("select charge attempts: %w", err)
+	}
+	return rows, nil
+}
+
+// insertAttempts records new pending attempts, one statement for the batch.
+func insertAttempts(ctx context.Context, tx *sqlx.Tx, as []attempt) error {
+	if len(as) == 0 {
+		return nil
+	}
+	const q = `
+INSERT INTO charge (event_id, order_id, customer_id, amount_minor, currency, status)
+SELECT e, o, c, a, cur, 'pending'
+FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::text[]) AS t(e, o, c, a, cur)`
+	var ids, currencies pq.StringArray
+	var orders, customers, amounts pq.Int64Array
+	for _, a := range as {
+		ids = append(ids, a.EventID.String())
+		orders = append(orders, a.OrderID)
+		customers = append(customers, a.CustomerID)
+		amounts = append(amounts, a.Amount)
+		currencies = append(currencies, a.Currency)
+	}
+	if _, err := tx.ExecContext(ctx, q, ids, orders, customers, amounts, currencies); err != nil {
+		return fmt.Errorf("insert charge attempts: %w", err)
+	}
+	return nil
+}
+
+// reopenRejected makes refused attempts pending again, as new attempts: the
+// provider charged nothing under them, so the idempotency window starts now.
+func reopenRejected(ctx context.Context, tx *sqlx.Tx, ids []uuid.UUID) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	const q = `
+UPDATE charge SET status = 'pending', settled_at = NULL, created_at = now(), updated_at = now()
+WHERE event_id = ANY($1::uuid[]) AND status = 'rejected'`
+	texts := make(pq.StringArray, len(ids))
+	for i, id := range ids {
+		texts[i] = id.String()
+	}
+	if _, err := tx.ExecContext(ctx, q, texts); err != nil {
+		return fmt.Errorf("reopen refused charge attempts: %w", err)
+	}
+	return nil
+}
