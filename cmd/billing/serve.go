@@ -24,6 +24,7 @@ import (
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/server"
@@ -87,15 +88,22 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 		return err
 	}
 
-	// --- Dedup retention: partitions ahead, expired ones dropped. One
-	// replica of many does the work (advisory lock); the others skip.
+	// --- Retention of the dedup store and the outbox: partitions ahead,
+	// expired ones dropped. One replica of many does the work (advisory
+	// locks); the others skip.
 	retention := dedup.NewRetention(db, cfg.Dedup.Retention, cfg.Dedup.PartitionsAhead, m, log)
-	if _, err := retention.Run(ctx); err != nil {
-		log.Warn("dedup maintenance failed at start; the consumer creates missing partitions itself", "err", err)
+	outboxRetention := outbox.NewRetention(db, cfg.Dedup.OutboxRetention, cfg.Dedup.PartitionsAhead, log)
+	maintain := func(ctx context.Context) error {
+		_, err := retention.Run(ctx)
+		_, oerr := outboxRetention.Run(ctx)
+		return errors.Join(err, oerr)
+	}
+	if err := maintain(ctx); err != nil {
+		log.Warn("maintenance failed at start; the writers create missing partitions themselves", "err", err)
 	}
 	var maintenance sync.WaitGroup
 	defer func() { cancel(nil); maintenance.Wait() }() // stopped before the pool closes under it
-	maintenance.Go(func() { retention.Every(ctx, cfg.Dedup.MaintenanceInterval) })
+	maintenance.Go(func() { every(ctx, cfg.Dedup.MaintenanceInterval, "maintenance", log, maintain) })
 
 	// --- Kafka: the consumer's client and the dead-letter producer.
 	client, err := connectKafka(ctx, cfg.Kafka, cfg.Consumer, log)
@@ -103,7 +111,8 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 		return err
 	}
 	defer client.Close()
-	if err := checkTopics(client, cfg, m, log); err != nil {
+	outcomeMaxBytes, err := checkTopics(client, cfg, m, log)
+	if err != nil {
 		return err
 	}
 	producerCfg, err := kafka.DLQProducerConfig(cfg.Kafka)
@@ -131,7 +140,27 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	proc := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
 	// Charge attempts a crash left pending are completed by any replica,
 	// and the pending and expired ones reported, whatever the consumer does.
-	maintenance.Go(func() { proc.RecoverEvery(ctx, recoverInterval(cfg.Payment.RecoverAfter), cfg.Payment.RecoverAfter) })
+	maintenance.Go(func() {
+		every(ctx, recoverInterval(cfg.Payment.RecoverAfter), "charge attempt recovery", log, func(ctx context.Context) error {
+			_, err := proc.Recover(ctx, cfg.Payment.RecoverAfter)
+			return err
+		})
+	})
+
+	// --- The outbox relay: payment outcome events to KAFKA_OUTCOME_TOPIC,
+	// from whichever replica holds the relay lock.
+	relayCfg, err := kafka.ProducerConfig(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	relayProducer, err := sarama.NewSyncProducer(cfg.Kafka.Brokers, relayCfg)
+	if err != nil {
+		return fmt.Errorf("outcome producer: %w", err)
+	}
+	defer relayProducer.Close()
+	relay := outbox.NewRelay(db, relayProducer, cfg.Kafka.OutcomeTopic, m, log)
+	relay.MaxBytes = outcomeMaxBytes
+	maintenance.Go(func() { relay.Run(ctx) })
 	c, err := kafka.NewConsumer(client, proc, dlq, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
 		Group:              cfg.Kafka.GroupID,
@@ -242,16 +271,25 @@ func connectKafka(ctx context.Context, k config.Kafka, c config.Consumer, log *s
 // duplicate (billing parks it as stale-event rather than charging it, but a
 // replay would then fill the DLQ). serve refuses to start unless the operator
 // accepts that with DEDUP_ALLOW_SHORT_RETENTION.
-func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log *slog.Logger) error {
+func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log *slog.Logger) (outcomeMaxBytes int, err error) {
 	// The admin shares the client; closing it would close the client.
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
-		return fmt.Errorf("kafka admin: %w", err)
+		return 0, fmt.Errorf("kafka admin: %w", err)
+	}
+	// The outcome topic bounds the relay's values: a row larger than it
+	// takes is dead rather than retried for ever.
+	outcomeMaxBytes = 1 << 20
+	if out, err := kafka.DescribeTopic(admin, cfg.Kafka.OutcomeTopic); err != nil {
+		log.Error("cannot read the outcome topic; payment outcome events wait in the outbox until it exists",
+			"topic", cfg.Kafka.OutcomeTopic, "err", err)
+	} else {
+		outcomeMaxBytes = out.MaxMessageBytes - 512 // the record's key, headers and framing
 	}
 	src, err := kafka.DescribeTopic(admin, cfg.Kafka.Topic)
 	if err != nil {
 		log.Warn("cannot read the topic's retention; the dedup horizon is unchecked", "topic", cfg.Kafka.Topic, "err", err)
-		return nil
+		return outcomeMaxBytes, nil
 	}
 	shortfall, forever := src.Shortfall(cfg.Dedup.Retention)
 	switch {
@@ -264,7 +302,7 @@ func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log
 		msg := fmt.Sprintf("DEDUP_RETENTION %s is shorter than topic %s's retention.ms (%s): a redelivered message older than %s cannot be deduplicated and would be parked as stale-event",
 			cfg.Dedup.Retention, cfg.Kafka.Topic, retentionText(src), cfg.Dedup.Retention)
 		if !cfg.Dedup.AllowShortRetention {
-			return fmt.Errorf("config: DEDUP_RETENTION: %s; raise it, or set DEDUP_ALLOW_SHORT_RETENTION=true to accept this", msg)
+			return 0, fmt.Errorf("config: DEDUP_RETENTION: %s; raise it, or set DEDUP_ALLOW_SHORT_RETENTION=true to accept this", msg)
 		}
 		log.Error(msg + "; starting anyway because DEDUP_ALLOW_SHORT_RETENTION=true")
 	}
@@ -274,7 +312,25 @@ func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log
 		log.Warn("the dead-letter topic accepts smaller messages than the source topic; a large invalid message could not be parked and would hold its partition",
 			"dlq_max_message_bytes", dlq.MaxMessageBytes, "topic_max_message_bytes", src.MaxMessageBytes)
 	}
-	return nil
+	return outcomeMaxBytes, nil
+}
+
+// every runs job every interval until ctx is done. A failed run is logged
+// and tried again at the next tick: maintenance that is late only delays
+// work that stays recorded.
+func every(ctx context.Context, interval time.Duration, what string, log *slog.Logger, job func(context.Context) error) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := job(ctx); err != nil && ctx.Err() == nil {
+			log.Warn(what+" failed; retrying at the next interval", "err", err, "interval", interval.String())
+		}
+	}
 }
 
 // recoverInterval is how often serve looks for charge attempts left pending:

@@ -16,8 +16,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/tracing"
 )
 
 // Statuses of a charge attempt (the charge table's status column).
@@ -324,12 +326,28 @@ RETURNING c.event_id, c.status`
 		EventID uuid.UUID `db:"event_id"`
 		Status  string    `db:"status"`
 	}
-	err := p.inTx(ctx, "settle", results, idx, func(tx *sqlx.Tx) error {
+	err := p.inTxWithOutbox(ctx, "settle", results, idx, func(tx *sqlx.Tx) error {
 		changed = changed[:0]
 		if len(ids) > 0 {
 			if err := tx.SelectContext(ctx, &changed, update, ids, statuses, providerIDs, errs, countedBy); err != nil {
 				return fmt.Errorf("settle charge attempts: %w", err)
 			}
+		}
+		// The outcome is announced with the settle that records it, once:
+		// only this transaction moved these attempts out of pending.
+		var outcomes []outbox.Outcome
+		for _, ch := range changed {
+			if ch.Status == statusPending {
+				continue
+			}
+			o, err := p.outcomeOf(results, calls[ch.EventID], ch.Status)
+			if err != nil {
+				return err
+			}
+			outcomes = append(outcomes, o)
+		}
+		if err := outbox.Record(ctx, tx, outcomes); err != nil {
+			return err
 		}
 		if err := tx.SelectContext(ctx, &recorded, reread, all); err != nil {
 			return fmt.Errorf("read settled charge attempts: %w", err)
@@ -350,6 +368,49 @@ RETURNING c.event_id, c.status`
 		}
 	}
 	return nil
+}
+
+// outcomeOf is the payment outcome event of c's attempt, settled here as
+// status.
+func (p *Processor) outcomeOf(results []Result, c *call, status string) (outbox.Outcome, error) {
+	a := c.a
+	ev := order.Event{ID: a.EventID, OrderID: a.OrderID, CustomerID: a.CustomerID,
+		Amount: order.Money{Minor: a.Amount, Currency: a.Currency}}
+	typ := map[string]string{statusSucceeded: outbox.Succeeded, statusDeclined: outbox.Declined, statusRejected: outbox.Failed}[status]
+	o, err := outbox.NewOutcome(typ, ev, p.now())
+	if err != nil {
+		return o, err
+	}
+	switch status {
+	case statusSucceeded:
+		o.ProviderChargeID = c.charge.ID
+	case statusDeclined:
+		o.DeclineCode = payment.DeclineCode(c.err)
+	case statusRejected:
+		o.Reason = CodeProviderRejected
+	}
+	sc := c.trace
+	if c.countedFor >= 0 {
+		sc = results[c.countedFor].trace // the attempt's own event
+	}
+	o.Traceparent = tracing.Traceparent(sc)
+	return o, nil
+}
+
+// inTxWithOutbox is inTx for a transaction that records outcomes: when the
+// outbox has no partition for today yet (maintenance has not run), it
+// creates it and runs the transaction once more.
+func (p *Processor) inTxWithOutbox(ctx context.Context, phase string, results []Result, idx []int, fn func(tx *sqlx.Tx) error) error {
+	err := p.inTx(ctx, phase, results, idx, fn)
+	var missing *outbox.MissingPartitionError
+	if !errors.As(err, &missing) {
+		return err
+	}
+	p.log.Warn("the outbox has no partition for today; creating it (is maintenance running?)")
+	if err := outbox.Table.EnsureFor(ctx, p.db, missing.IDs); err != nil {
+		return err
+	}
+	return p.inTx(ctx, phase, results, idx, fn)
 }
 
 // inTx runs fn in a transaction of phase, traced below the events' spans and

@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,7 +38,10 @@ import (
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/outbox"
+	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/tracing"
 )
 
 // Outcome is what became of one message. Charged and Declined are reported
@@ -223,7 +227,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 			break
 		}
 		next, err := p.round(ctx, results, valid)
-		if dedup.IsMissingPartition(err) {
+		if dedup.Table.IsMissing(err) {
 			// An event's day has no partition: retention dropped it (the
 			// event cannot be judged) or maintenance has not created it
 			// (yet). The claim rolled back; decide and try again.
@@ -236,7 +240,54 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 		}
 		valid = next
 	}
+	if err := p.announceParked(ctx, results); err != nil {
+		errs = append(errs, err)
+	}
 	return results, errors.Join(errs...)
+}
+
+// announceParked records a payment.failed.v1 outcome for every decoded
+// event parked for a reason of its own (stale-event, payload-mismatch; a
+// provider-rejected one was announced by its settle), so that the order
+// service does not wait for it for ever. It runs before the caller writes
+// the dead-letter record: a failure leaves those events Pending, to be
+// tried again, and a redelivered one is announced once.
+func (p *Processor) announceParked(ctx context.Context, results []Result) error {
+	var idx []int
+	var orderIDs []int64
+	var outcomes []outbox.Outcome
+	for i, r := range results {
+		if r.Outcome != Parked || r.Event.ID == uuid.Nil || (r.Code != CodeStaleEvent && r.Code != CodePayloadMismatch) {
+			continue
+		}
+		o, err := outbox.NewOutcome(outbox.Failed, r.Event, p.now())
+		if err != nil {
+			return err
+		}
+		o.Reason, o.Traceparent = r.Code, tracing.Traceparent(r.trace)
+		idx = append(idx, i)
+		orderIDs = append(orderIDs, r.Event.OrderID)
+		outcomes = append(outcomes, o)
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	slices.Sort(orderIDs)
+	orderIDs = slices.Compact(orderIDs)
+	err := p.inTxWithOutbox(ctx, "park", results, idx, func(tx *sqlx.Tx) error {
+		// Under the orders' locks two copies of one event cannot both find
+		// its failure unannounced.
+		if err := lockOrders(ctx, tx, orderIDs); err != nil {
+			return err
+		}
+		return outbox.RecordFailures(ctx, tx, outcomes)
+	})
+	if err != nil {
+		for _, i := range idx {
+			results[i].Outcome, results[i].Code, results[i].Detail = Pending, "", ""
+		}
+	}
+	return err
 }
 
 // counter is the charge.counted_by value of m's tries in this process.
@@ -276,7 +327,7 @@ func (p *Processor) healPartitions(ctx context.Context, results []Result, idx []
 	var ids []uuid.UUID
 	for _, i := range idx {
 		ev := results[i].Event
-		if dedup.Day(ev.ID).Before(droppedBefore) {
+		if partition.Day(ev.ID).Before(droppedBefore) {
 			results[i].park(CodeStaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
 				ev.IDTime().Format(time.RFC3339), droppedBefore.Format(time.DateOnly)))
 			continue
@@ -288,5 +339,5 @@ func (p *Processor) healPartitions(ctx context.Context, results []Result, idx []
 		return nil, nil
 	}
 	p.log.Warn("processed_event has no partition for an event's day; creating it (is `billing maintain` running?)")
-	return keep, dedup.EnsurePartitions(ctx, p.db, ids)
+	return keep, dedup.Table.EnsureFor(ctx, p.db, ids)
 }

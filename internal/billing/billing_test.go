@@ -21,6 +21,7 @@ import (
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
 )
 
@@ -354,7 +355,7 @@ func TestProcess_EventOfADayWithoutPartitionIsStillProcessed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	day := dedup.Day(id).Format("20060102")
+	day := partition.Day(id).Format("20060102")
 	// As if maintenance had never created that day's partition.
 	if _, err := f.db.Exec(`DROP TABLE processed_event_p` + day); err != nil {
 		t.Fatal(err)
@@ -390,7 +391,7 @@ func TestProcess_EventOfADroppedDayIsParkedNotChargedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	day := dedup.Day(id)
+	day := partition.Day(id)
 	if _, err := f.db.Exec(`INSERT INTO processed_event_horizon (dropped_before) VALUES ($1)`, day.AddDate(0, 0, 1)); err != nil {
 		t.Fatal(err)
 	}

@@ -128,20 +128,3 @@ FROM charge WHERE status = 'pending'`
 
 	return rep, nil
 }
-
-// RecoverEvery runs Recover every interval until ctx is done. A failed run
-// is logged and tried again at the next tick: the attempts stay recorded.
-func (p *Processor) RecoverEvery(ctx context.Context, interval, idle time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := p.Recover(ctx, idle); err != nil && ctx.Err() == nil {
-			p.log.Warn("charge attempt recovery failed; retrying at the next interval", "err", err, "interval", interval.String())
-		}
-	}
-}

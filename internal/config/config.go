@@ -25,13 +25,15 @@ import (
 
 // Kafka holds the broker connection and topic settings.
 type Kafka struct {
-	Brokers    []string `env:"KAFKA_BROKERS" envDefault:"localhost:9092" envSeparator:"," notEmpty:"true"`
-	Topic      string   `env:"KAFKA_TOPIC" envDefault:"orders.confirmed" notEmpty:"true"`
-	GroupID    string   `env:"KAFKA_GROUP_ID" envDefault:"billing-order-confirmed" notEmpty:"true"`
-	DLQTopic   string   `env:"KAFKA_DLQ_TOPIC" envDefault:"orders.confirmed.dlq" notEmpty:"true"`
-	ClientID   string   `env:"KAFKA_CLIENT_ID" envDefault:"billing" notEmpty:"true"`
-	InstanceID string   `env:"KAFKA_INSTANCE_ID"` // static group membership, e.g. the pod name
-	Version    string   `env:"KAFKA_VERSION" envDefault:"3.6.0"`
+	Brokers  []string `env:"KAFKA_BROKERS" envDefault:"localhost:9092" envSeparator:"," notEmpty:"true"`
+	Topic    string   `env:"KAFKA_TOPIC" envDefault:"orders.confirmed" notEmpty:"true"`
+	GroupID  string   `env:"KAFKA_GROUP_ID" envDefault:"billing-order-confirmed" notEmpty:"true"`
+	DLQTopic string   `env:"KAFKA_DLQ_TOPIC" envDefault:"orders.confirmed.dlq" notEmpty:"true"`
+	// OutcomeTopic receives the payment outcome events (the outbox relay).
+	OutcomeTopic string `env:"KAFKA_OUTCOME_TOPIC" envDefault:"payments.settled" notEmpty:"true"`
+	ClientID     string `env:"KAFKA_CLIENT_ID" envDefault:"billing" notEmpty:"true"`
+	InstanceID   string `env:"KAFKA_INSTANCE_ID"` // static group membership, e.g. the pod name
+	Version      string `env:"KAFKA_VERSION" envDefault:"3.6.0"`
 
 	TLSEnabled  bool   `env:"KAFKA_TLS_ENABLED" envDefault:"false"`
 	TLSCAFile   string `env:"KAFKA_TLS_CA_FILE"`
@@ -126,6 +128,10 @@ type Dedup struct {
 	// MaxFutureSkew bounds how far ahead of this clock an event id's time
 	// may be; beyond it the event is dead-lettered.
 	MaxFutureSkew time.Duration `env:"DEDUP_MAX_FUTURE_SKEW" envDefault:"1h"`
+	// OutboxRetention is how long published payment outcome events stay in
+	// the outbox table (for an operator's look), by whole days; the
+	// maintenance that keeps processed_event drops them.
+	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"72h"`
 }
 
 // Validate checks the retention settings.
@@ -142,6 +148,9 @@ func (d *Dedup) Validate() error {
 	if d.MaxFutureSkew < time.Second || d.MaxFutureSkew > 24*time.Hour {
 		return bad("DEDUP_MAX_FUTURE_SKEW", "%s is outside [1s, 24h]", d.MaxFutureSkew)
 	}
+	if d.OutboxRetention < 24*time.Hour {
+		return bad("OUTBOX_RETENTION", "%s is shorter than 24h (partitions are daily)", d.OutboxRetention)
+	}
 	return nil
 }
 
@@ -153,6 +162,7 @@ func (d Dedup) LogValue() slog.Value {
 		slog.Int("partitions_ahead", d.PartitionsAhead),
 		slog.String("maintenance_interval", d.MaintenanceInterval.String()),
 		slog.String("max_future_skew", d.MaxFutureSkew.String()),
+		slog.String("outbox_retention", d.OutboxRetention.String()),
 	)
 }
 
@@ -318,6 +328,12 @@ func (k *Kafka) Validate() error {
 	if k.DLQTopic == k.Topic {
 		return bad("KAFKA_DLQ_TOPIC", "must differ from KAFKA_TOPIC")
 	}
+	if !topicName.MatchString(k.OutcomeTopic) {
+		return bad("KAFKA_OUTCOME_TOPIC", "%q is not a valid topic name", k.OutcomeTopic)
+	}
+	if k.OutcomeTopic == k.Topic || k.OutcomeTopic == k.DLQTopic {
+		return bad("KAFKA_OUTCOME_TOPIC", "must differ from KAFKA_TOPIC and KAFKA_DLQ_TOPIC")
+	}
 	if strings.TrimSpace(k.GroupID) == "" {
 		return bad("KAFKA_GROUP_ID", "must not be empty")
 	}
@@ -370,6 +386,7 @@ func (k Kafka) LogValue() slog.Value {
 		slog.String("topic", k.Topic),
 		slog.String("group_id", k.GroupID),
 		slog.String("dlq_topic", k.DLQTopic),
+		slog.String("outcome_topic", k.OutcomeTopic),
 		slog.String("client_id", k.ClientID),
 		slog.String("instance_id", k.InstanceID),
 		slog.String("version", k.Version),

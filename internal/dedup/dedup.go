@@ -6,22 +6,21 @@
 // depends on the consumer group and changes on replay. The event id is.
 //
 // The table is range-partitioned by the time inside the UUID v7 event id
-// (one partition per UTC day, see Retention), so that every copy of an event
-// lands in the same partition however late it comes, and expired days are
-// dropped whole.
+// (one partition per UTC day, see Retention and package partition), so that
+// every copy of an event lands in the same partition however late it comes,
+// and expired days are dropped whole.
 package dedup
 
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"strings"
-	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+
+	"example.com/billing/internal/partition"
 )
 
 // Verdict says whether an event is seen for the first time.
@@ -192,41 +191,5 @@ func queryIDs(ctx context.Context, tx *sqlx.Tx, q string, args ...any) (map[uuid
 	return out, rows.Err()
 }
 
-// IsMissingPartition reports whether err is an insert whose event id falls
-// on a day that has no partition (yet).
-func IsMissingPartition(err error) bool {
-	var pqErr *pq.Error
-	// A check_violation: `no partition of relation "processed_event" found for row`.
-	return errors.As(err, &pqErr) && pqErr.Code == "23514" && strings.HasPrefix(pqErr.Message, `no partition of relation "processed_event"`)
-}
-
-// EnsurePartitions creates the partitions of the days of ids that lack one.
-// The consumer calls it when an insert found no partition (maintenance did
-// not run, or an event older than the oldest partition but within the
-// retention arrived), so that such an event is not retried forever.
-func EnsurePartitions(ctx context.Context, db sqlx.ExecerContext, ids []uuid.UUID) error {
-	days := map[time.Time]bool{}
-	for _, id := range ids {
-		days[Day(id)] = true
-	}
-	for d := range days {
-		if _, err := db.ExecContext(ctx, `SELECT ensure_processed_event_partition($1::date)`, d.Format(time.DateOnly)); err != nil {
-			return fmt.Errorf("create partition of %s: %w", d.Format(time.DateOnly), err)
-		}
-	}
-	return nil
-}
-
-// Day is the UTC day of id's partition: the day of the time inside the
-// UUID v7 (the zero time for an id of another version).
-func Day(id uuid.UUID) time.Time {
-	ts, err := uuid.TimestampFromV7(id)
-	if err != nil {
-		return time.Time{}
-	}
-	t, err := ts.Time()
-	if err != nil {
-		return time.Time{}
-	}
-	return t.UTC().Truncate(24 * time.Hour)
-}
+// Table is processed_event, partitioned by the day of the event id.
+const Table = partition.Table("processed_event")

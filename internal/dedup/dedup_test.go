@@ -18,6 +18,7 @@ import (
 	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/partition"
 	"example.com/billing/internal/postgres"
 )
 
@@ -128,12 +129,12 @@ func TestClaim_LateDuplicateOfAnOldDayIsDetected(t *testing.T) {
 	if got := claim(t, db, s, old); got[0] != dedup.Duplicate {
 		t.Errorf("late copy of a six-day-old event: %v, want duplicate", got[0])
 	}
-	var partition string
-	if err := db.Get(&partition, `SELECT tableoid::regclass::text FROM processed_event WHERE event_id = $1`, old.ID); err != nil {
+	var stored string
+	if err := db.Get(&stored, `SELECT tableoid::regclass::text FROM processed_event WHERE event_id = $1`, old.ID); err != nil {
 		t.Fatal(err)
 	}
-	if want := "processed_event_p" + dedup.Day(old.ID).Format("20060102"); partition != want {
-		t.Errorf("stored in %s, want %s", partition, want)
+	if want := "processed_event_p" + partition.Day(old.ID).Format("20060102"); stored != want {
+		t.Errorf("stored in %s, want %s", stored, want)
 	}
 }
 
@@ -183,7 +184,7 @@ func TestRetention(t *testing.T) {
 	// Old days with rows: as if the service had run for three weeks.
 	for _, age := range []int{20, 9, 8, 7, 6} {
 		at := now.Add(-time.Duration(age) * day)
-		if err := dedup.EnsurePartitions(context.Background(), db, []uuid.UUID{idAt(t, at)}); err != nil {
+		if err := dedup.Table.EnsureFor(context.Background(), db, []uuid.UUID{idAt(t, at)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -308,7 +309,7 @@ func TestRetention_ADroppedDayIsNeverRecreated(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	now := time.Now().UTC()
 	old := idAt(t, now.Add(-5*24*time.Hour))
-	if err := dedup.EnsurePartitions(context.Background(), db, []uuid.UUID{old}); err != nil {
+	if err := dedup.Table.EnsureFor(context.Background(), db, []uuid.UUID{old}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -328,7 +329,7 @@ func TestRetention_ADroppedDayIsNeverRecreated(t *testing.T) {
 	if _, err := dedup.NewRetention(db, 30*24*time.Hour, 3, m, log).Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	name := "processed_event_p" + dedup.Day(old).Format("20060102")
+	name := "processed_event_p" + partition.Day(old).Format("20060102")
 	if slices.Contains(partitionNames(t, db), name) {
 		t.Errorf("%s was recreated after it was dropped", name)
 	}

@@ -212,7 +212,8 @@ func (s *Server) draw(p float64) bool {
 }
 
 func (s *Server) createDecline(key string, req chargeRequest) answer {
-	ans := errorAnswer(http.StatusPaymentRequired, "card_declined", "Your card was declined.")
+	ans := answer{status: http.StatusPaymentRequired, body: marshal(errorBody{Error: errorDetail{
+		Type: "card_declined", Message: "Your card was declined.", DeclineCode: "generic_decline"}})}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.Declines++

@@ -331,6 +331,8 @@ type errorBody struct {
 type errorDetail struct {
 	Type    string `json:"type"`
 	Message string `json:"message"`
+	// DeclineCode says why a card was declined, as Stripe's does.
+	DeclineCode string `json:"decline_code,omitempty"`
 }
 
 func errorJSON(errType, message string) []byte {

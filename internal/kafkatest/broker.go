@@ -40,7 +40,7 @@ type Broker struct {
 	Kind  string
 	Addrs []string // what KAFKA_BROKERS lists
 
-	Topic, DLQTopic, Group string
+	Topic, DLQTopic, OutcomeTopic, Group string
 
 	// Creds are set for a broker from StartSecure.
 	Creds Creds
@@ -67,10 +67,11 @@ func (b *Broker) Embedded() *devkafka.Broker { return b.dev }
 // and, for a secured one, the KAFKA_TLS_* and KAFKA_SASL_* variables.
 func (b *Broker) Env() map[string]string {
 	env := map[string]string{
-		"KAFKA_BROKERS":   b.Addr(),
-		"KAFKA_TOPIC":     b.Topic,
-		"KAFKA_DLQ_TOPIC": b.DLQTopic,
-		"KAFKA_GROUP_ID":  b.Group,
+		"KAFKA_BROKERS":       b.Addr(),
+		"KAFKA_TOPIC":         b.Topic,
+		"KAFKA_DLQ_TOPIC":     b.DLQTopic,
+		"KAFKA_OUTCOME_TOPIC": b.OutcomeTopic,
+		"KAFKA_GROUP_ID":      b.Group,
 	}
 	maps.Copy(env, b.Creds.Env())
 	return env
@@ -194,6 +195,7 @@ func (b *Broker) name(t testing.TB) {
 	suffix := slug + "." + randomHex(3)
 	b.Topic = Topic + "." + suffix
 	b.DLQTopic = b.Topic + ".dlq"
+	b.OutcomeTopic = OutcomeTopic + "." + suffix
 	b.Group = Group + "." + suffix
 }
 
@@ -221,6 +223,9 @@ func (b *Broker) createEmbedded(t testing.TB, o topics) {
 		t.Fatal(err)
 	}
 	if err := b.dev.CreateTopic(b.DLQTopic, o.partitions, o.dlqConfig); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.dev.CreateTopic(b.OutcomeTopic, o.partitions, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -273,6 +278,7 @@ func (b *Broker) createTopics(t testing.TB, o topics) {
 	}
 	b.CreateTopic(t, b.Topic, o.partitions, o.configs)
 	b.CreateTopic(t, b.DLQTopic, o.partitions, o.dlqConfig)
+	b.CreateTopic(t, b.OutcomeTopic, o.partitions, nil)
 }
 
 // waitLeaders waits until topic's metadata shows partitions partitions,

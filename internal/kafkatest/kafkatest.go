@@ -22,9 +22,10 @@ import (
 // The contract's default names; Start gives each test names of its own
 // that begin with them.
 const (
-	Topic    = "orders.confirmed"
-	DLQTopic = "orders.confirmed.dlq"
-	Group    = "billing-order-confirmed"
+	Topic        = "orders.confirmed"
+	DLQTopic     = "orders.confirmed.dlq"
+	OutcomeTopic = "payments.settled"
+	Group        = "billing-order-confirmed"
 )
 
 func config() *sarama.Config {

@@ -59,8 +59,19 @@ type Metrics struct {
 	AttemptsOldestPending prometheus.Gauge
 	AttemptsExpired       prometheus.Gauge
 	// AttemptsRecovered counts attempts maintenance found left pending, by
-	// what became of them (succeeded, declined, rejected, failed, expired).
+	// what became of them (succeeded, declined, rejected, unanswered).
 	AttemptsRecovered *prometheus.CounterVec
+
+	// OutboxPending is the number of payment outcome events recorded and
+	// not yet published, OutboxOldestPending the age of the oldest, and
+	// OutboxDead those the relay cannot publish (set by the relaying
+	// replica only). OutboxPublished counts published events by type,
+	// OutboxErrors failed publications that will be retried.
+	OutboxPending       prometheus.Gauge
+	OutboxOldestPending prometheus.Gauge
+	OutboxDead          prometheus.Gauge
+	OutboxPublished     *prometheus.CounterVec
+	OutboxErrors        prometheus.Counter
 	// Lag is the broker's high-water mark minus the group's committed offset
 	// for each partition this instance owns.
 	Lag *prometheus.GaugeVec
@@ -120,7 +131,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		Transaction: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "billing_db_transaction_seconds",
-			Help:    "Time each pipeline database transaction was open, by phase (claim, settle, recover); none spans a provider call.",
+			Help:    "Time each pipeline database transaction was open, by phase (claim, settle, park, recover); none spans a provider call.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"phase"}),
 		AttemptsPending: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -139,6 +150,26 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "billing_charge_attempts_recovered_total",
 			Help: "Charge attempts left pending that maintenance completed, by result.",
 		}, []string{"result"}),
+		OutboxPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_outbox_pending",
+			Help: "Payment outcome events recorded and not yet published (reported by the relaying replica; 0 on the others).",
+		}),
+		OutboxOldestPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_outbox_oldest_pending_seconds",
+			Help: "Age of the oldest unpublished payment outcome event (0 when none; reported by the relaying replica).",
+		}),
+		OutboxDead: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_outbox_dead",
+			Help: "Outbox rows the relay cannot publish (invalid or oversized values): skipped, for a human (reported by the relaying replica).",
+		}),
+		OutboxPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_outbox_published_total",
+			Help: "Payment outcome events published to KAFKA_OUTCOME_TOPIC, by event type.",
+		}, []string{"event_type"}),
+		OutboxErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_outbox_publish_errors_total",
+			Help: "Payment outcome events whose publication failed and will be retried.",
+		}),
 		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "billing_consumer_lag",
 			Help: "High-water mark minus committed offset, per owned partition.",
@@ -179,7 +210,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
 		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.AttemptsPending, m.AttemptsOldestPending,
-		m.AttemptsExpired, m.AttemptsRecovered, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch,
+		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
+		m.OutboxPublished, m.OutboxErrors, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.

@@ -57,6 +57,55 @@ var (
 	ErrRejected = errors.New("payment request rejected")
 )
 
+// DeclineError is a declined payment (402). It wraps ErrDeclined.
+type DeclineError struct {
+	// Code is the provider's reason (Stripe's decline_code, else its
+	// code), "" when it gave none.
+	Code   string
+	detail string
+}
+
+func (e *DeclineError) Error() string { return ErrDeclined.Error() + ": " + e.detail }
+func (e *DeclineError) Unwrap() error { return ErrDeclined }
+
+// DeclineCode returns the provider's decline code of err, "" for any other
+// error or a decline without one.
+func DeclineCode(err error) string {
+	var de *DeclineError
+	if errors.As(err, &de) {
+		return de.Code
+	}
+	return ""
+}
+
+// declineCode reads a Stripe-like 402 body: error.decline_code, else
+// error.code. The code is kept only when it is a short identifier: it goes
+// into an event other services read.
+func declineCode(body []byte) string {
+	var answer struct {
+		Error struct {
+			DeclineCode string `json:"decline_code"`
+			Code        string `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &answer) != nil {
+		return ""
+	}
+	code := answer.Error.DeclineCode
+	if code == "" {
+		code = answer.Error.Code
+	}
+	if len(code) > 64 {
+		return ""
+	}
+	for _, r := range code {
+		if !(r == '_' || r == '-' || r == '.' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9')) {
+			return ""
+		}
+	}
+	return code
+}
+
 // TransientError is a failure of the environment (provider down, overloaded,
 // unreachable, misconfigured credentials): retry later with the same key.
 type TransientError struct {
@@ -287,7 +336,7 @@ func (c *Client) charge(ctx context.Context, r Request) (Charge, string, error) 
 		}
 		return ch, "charged", nil
 	case code == http.StatusPaymentRequired:
-		return Charge{}, "declined", fmt.Errorf("%w: %s", ErrDeclined, c.snippet(answer))
+		return Charge{}, "declined", &DeclineError{Code: declineCode(answer), detail: c.snippet(answer)}
 	case code == http.StatusUnprocessableEntity || code == http.StatusBadRequest:
 		return Charge{}, "rejected", fmt.Errorf("%w: %d %s", ErrRejected, code, c.snippet(answer))
 	case code == http.StatusConflict:

@@ -62,3 +62,14 @@ func NewProvider(ctx context.Context, environ map[string]string, version string)
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res))
 	return tp, tp.Shutdown, nil
 }
+
+// Traceparent is the W3C traceparent header of sc, "" when sc is not valid:
+// what a record written now carries so that its consumer joins sc's trace.
+func Traceparent(sc trace.SpanContext) string {
+	if !sc.IsValid() {
+		return ""
+	}
+	carrier := propagation.MapCarrier{}
+	Propagator().Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
+	return carrier.Get("traceparent")
+}

@@ -1,0 +1,180 @@
+// Package outbox tells the rest of the system what billing charged: one
+// payment outcome event per settled order event, published to
+// KAFKA_OUTCOME_TOPIC (payments.settled) through a transactional outbox.
+//
+// An outcome is recorded as a row of the outbox table in the same
+// transaction as the outcome itself (Record, called by billing's settle and
+// by the parking of a decoded event), so that it is announced if and only if
+// it happened: publishing after the commit could lose it in a crash,
+// publishing before could announce a charge that rolled back. The Relay
+// publishes the rows afterwards with an idempotent producer, at least once,
+// in commit order per order; consumers deduplicate by the outcome's eventId,
+// which never changes on re-publication.
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"example.com/billing/internal/order"
+	"example.com/billing/internal/partition"
+)
+
+// Event types of payment outcome events.
+const (
+	Succeeded = "payment.succeeded.v1"
+	Declined  = "payment.declined.v1"
+	// Failed: billing decoded the order event but parked it
+	// (provider-rejected, stale-event, payload-mismatch), so that the order
+	// service does not wait for it for ever. Reason holds the DLQ code.
+	Failed = "payment.failed.v1"
+)
+
+// Table is the outbox table, partitioned by the day of the outcome's id.
+const Table = partition.Table("outbox")
+
+// Outcome is one payment outcome event.
+type Outcome struct {
+	// EventID is the outcome event's own id, a UUID v7; NewOutcome makes it.
+	EventID uuid.UUID
+	Type    string
+	// OccurredAt is when the outcome was recorded.
+	OccurredAt time.Time
+	// CausationID is the order.confirmed.v1 event's id.
+	CausationID      uuid.UUID
+	OrderID          int64
+	CustomerID       int64
+	Amount           order.Money
+	ProviderChargeID string // Succeeded
+	DeclineCode      string // Declined, when the provider gave one
+	Reason           string // Failed: the DLQ reason code
+	// Traceparent continues the order event's trace ("" when it had none).
+	Traceparent string
+}
+
+// NewOutcome returns an outcome of type typ of the order event ev, recorded
+// now, with a fresh UUID v7 as its id.
+func NewOutcome(typ string, ev order.Event, now time.Time) (Outcome, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Outcome{}, fmt.Errorf("outbox: outcome event id: %w", err)
+	}
+	return Outcome{EventID: id, Type: typ, OccurredAt: now.UTC(), CausationID: ev.ID,
+		OrderID: ev.OrderID, CustomerID: ev.CustomerID, Amount: ev.Amount}, nil
+}
+
+// MarshalJSON encodes o as the payments.settled value: totalAmount a JSON
+// number with exactly the currency's minor-unit digits (never a float),
+// occurredAt in RFC 3339, and providerChargeId, declineCode and reason only
+// when set.
+func (o Outcome) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 320)
+	b = append(b, `{"eventId":"`...)
+	b = append(b, o.EventID.String()...)
+	b = append(b, `","eventType":`...)
+	b = strconv.AppendQuote(b, o.Type)
+	b = append(b, `,"occurredAt":"`...)
+	b = o.OccurredAt.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","causationId":"`...)
+	b = append(b, o.CausationID.String()...)
+	b = append(b, `","orderId":`...)
+	b = strconv.AppendInt(b, o.OrderID, 10)
+	b = append(b, `,"customerId":`...)
+	b = strconv.AppendInt(b, o.CustomerID, 10)
+	b = append(b, `,"totalAmount":`...)
+	b = append(b, o.Amount.Decimal()...)
+	b = append(b, `,"currency":`...)
+	b = strconv.AppendQuote(b, o.Amount.Currency)
+	for _, f := range []struct{ name, value string }{
+		{"providerChargeId", o.ProviderChargeID}, {"declineCode", o.DeclineCode}, {"reason", o.Reason},
+	} {
+		if f.value != "" {
+			b = append(b, `,"`+f.name+`":`...)
+			b = strconv.AppendQuote(b, f.value)
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// Record inserts outcomes into the outbox inside tx: they are published if
+// and only if tx commits.
+func Record(ctx context.Context, tx *sqlx.Tx, outcomes []Outcome) error {
+	if len(outcomes) == 0 {
+		return nil
+	}
+	const q = `
+INSERT INTO outbox (event_id, order_id, event_type, causation_id, reason, payload, traceparent)
+SELECT id, o, t, c, NULLIF(r, ''), p, NULLIF(tp, '')
+FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::bytea[], $7::text[]) AS u(id, o, t, c, r, p, tp)`
+	return insert(ctx, tx, q, outcomes)
+}
+
+// RecordFailures inserts payment.failed.v1 outcomes inside tx, except those
+// already announced for the same order event and reason: a parked message
+// that is delivered again (a crash before its offset was committed, a
+// replay) announces its failure once. The caller holds the orders' advisory
+// locks, so two copies cannot both find none.
+func RecordFailures(ctx context.Context, tx *sqlx.Tx, outcomes []Outcome) error {
+	if len(outcomes) == 0 {
+		return nil
+	}
+	const q = `
+INSERT INTO outbox (event_id, order_id, event_type, causation_id, reason, payload, traceparent)
+SELECT id, o, t, c, NULLIF(r, ''), p, NULLIF(tp, '')
+FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::bytea[], $7::text[]) AS u(id, o, t, c, r, p, tp)
+WHERE NOT EXISTS (SELECT 1 FROM outbox x WHERE x.causation_id = u.c AND x.event_type = u.t AND x.reason = u.r)`
+	return insert(ctx, tx, q, outcomes)
+}
+
+func insert(ctx context.Context, tx *sqlx.Tx, q string, outcomes []Outcome) error {
+	var ids, types, causes, reasons, traces pq.StringArray
+	var orders pq.Int64Array
+	var payloads pq.ByteaArray
+	for _, o := range outcomes {
+		payload, err := o.MarshalJSON()
+		if err != nil {
+			return err
+		}
+		ids = append(ids, o.EventID.String())
+		orders = append(orders, o.OrderID)
+		types = append(types, o.Type)
+		causes = append(causes, o.CausationID.String())
+		reasons = append(reasons, o.Reason)
+		payloads = append(payloads, payload)
+		traces = append(traces, o.Traceparent)
+	}
+	_, err := tx.ExecContext(ctx, q, ids, orders, types, causes, reasons, payloads, traces)
+	if Table.IsMissing(err) {
+		// Maintenance has not created today's partition (yet): create it
+		// in a transaction of its own and let the caller retry.
+		return &MissingPartitionError{IDs: idsOf(outcomes), Err: err}
+	}
+	if err != nil {
+		return fmt.Errorf("insert outbox: %w", err)
+	}
+	return nil
+}
+
+// MissingPartitionError says that an outcome's day has no outbox partition
+// yet; the caller creates it (partition.Table.EnsureFor) and retries.
+type MissingPartitionError struct {
+	IDs []uuid.UUID
+	Err error
+}
+
+func (e *MissingPartitionError) Error() string { return "insert outbox: " + e.Err.Error() }
+func (e *MissingPartitionError) Unwrap() error { return e.Err }
+
+func idsOf(outcomes []Outcome) []uuid.UUID {
+	out := make([]uuid.UUID, len(outcomes))
+	for i, o := range outcomes {
+		out[i] = o.EventID
+	}
+	return out
+}

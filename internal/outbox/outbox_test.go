@@ -1,0 +1,274 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/gofrs/uuid/v5"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"example.com/billing/internal/config"
+	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/order"
+	"example.com/billing/internal/outbox"
+	"example.com/billing/internal/postgres"
+)
+
+func TestMain(m *testing.M) { kafkatest.Main(m) }
+
+func TestOutcome_MarshalJSON(t *testing.T) {
+	id := uuid.Must(uuid.FromString("01938d2e-7c4a-7b1e-9f00-000000000001"))
+	cause := uuid.Must(uuid.FromString("01938d2e-7c4a-7b1e-9f00-000000000002"))
+	at := time.Date(2026, 12, 3, 10, 0, 0, 123000000, time.UTC)
+	base := outbox.Outcome{EventID: id, OccurredAt: at, CausationID: cause, OrderID: 42, CustomerID: 7}
+	tests := []struct {
+		name string
+		o    outbox.Outcome
+		want string
+	}{
+		{"OK_SucceededEUR", with(base, func(o *outbox.Outcome) {
+			o.Type, o.Amount, o.ProviderChargeID = outbox.Succeeded, order.Money{Minor: 1010, Currency: "EUR"}, "ch_1"
+		}), `"eventType":"payment.succeeded.v1","occurredAt":"2026-12-03T10:00:00.123Z","causationId":"01938d2e-7c4a-7b1e-9f00-000000000002","orderId":42,"customerId":7,"totalAmount":10.10,"currency":"EUR","providerChargeId":"ch_1"}`},
+		{"OK_DeclinedJPYWithCode", with(base, func(o *outbox.Outcome) {
+			o.Type, o.Amount, o.DeclineCode = outbox.Declined, order.Money{Minor: 1500, Currency: "JPY"}, "insufficient_funds"
+		}), `"totalAmount":1500,"currency":"JPY","declineCode":"insufficient_funds"}`},
+		{"OK_DeclinedWithoutCode", with(base, func(o *outbox.Outcome) {
+			o.Type, o.Amount = outbox.Declined, order.Money{Minor: 5, Currency: "EUR"}
+		}), `"totalAmount":0.05,"currency":"EUR"}`},
+		{"OK_FailedKWD", with(base, func(o *outbox.Outcome) {
+			o.Type, o.Amount, o.Reason = outbox.Failed, order.Money{Minor: 12345, Currency: "KWD"}, "stale-event"
+		}), `"totalAmount":12.345,"currency":"KWD","reason":"stale-event"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := tt.o.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(string(b), `{"eventId":"01938d2e-7c4a-7b1e-9f00-000000000001",`) || !strings.HasSuffix(string(b), tt.want) {
+				t.Errorf("got  %s\nwant ...%s", b, tt.want)
+			}
+			var v map[string]any
+			if err := json.Unmarshal(b, &v); err != nil {
+				t.Errorf("not JSON: %v", err)
+			}
+		})
+	}
+}
+
+func with(o outbox.Outcome, f func(*outbox.Outcome)) outbox.Outcome { f(&o); return o }
+
+// world is a migrated database and a broker with the outcome topic.
+type world struct {
+	t      *testing.T
+	db     *sqlx.DB
+	broker *kafkatest.Broker
+	client sarama.Client
+	m      *metrics.Metrics
+	seq    int
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	db, _ := dbtest.New(t)
+	b := kafkatest.Start(t, 3)
+	return &world{t: t, db: db, broker: b, client: kafkatest.Client(t, b.Addr()), m: metrics.New(prometheus.NewRegistry())}
+}
+
+// record writes one outcome of order in a transaction of its own.
+func (w *world) record(orderID int64, typ string) outbox.Outcome {
+	w.t.Helper()
+	w.seq++
+	ev := order.Event{ID: uuid.Must(uuid.NewV7()), OrderID: orderID, CustomerID: 9, Amount: order.Money{Minor: int64(100 + w.seq), Currency: "EUR"}}
+	o, err := outbox.NewOutcome(typ, ev, time.Now())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := postgres.InTx(context.Background(), w.db, func(tx *sqlx.Tx) error {
+		return outbox.Record(context.Background(), tx, []outbox.Outcome{o})
+	}); err != nil {
+		w.t.Fatal(err)
+	}
+	return o
+}
+
+// relay starts a relay and returns the function that stops it.
+func (w *world) relay() (stop func()) {
+	w.t.Helper()
+	env := map[string]string{"KAFKA_BROKERS": w.broker.Addr()}
+	var k config.Kafka
+	if err := config.Load(env, &k); err != nil {
+		w.t.Fatal(err)
+	}
+	cfg, err := kafka.ProducerConfig(k)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	producer, err := sarama.NewSyncProducer(w.broker.Addrs, cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	r := outbox.NewRelay(w.db, producer, w.broker.OutcomeTopic, w.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r.MaxBytes = 4096
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			producer.Close()
+		})
+	}
+	w.t.Cleanup(stop)
+	return stop
+}
+
+// published waits until n records are on the outcome topic and returns
+// the outcome eventIds by order key, in topic order.
+func (w *world) published(n int) map[string][]string {
+	w.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		msgs := kafkatest.ReadAll(w.t, w.client, w.broker.OutcomeTopic)
+		if len(msgs) >= n {
+			out := map[string][]string{}
+			for _, m := range msgs {
+				var v struct {
+					EventID string `json:"eventId"`
+				}
+				if err := json.Unmarshal(m.Value, &v); err != nil {
+					w.t.Fatalf("published value %q: %v", m.Value, err)
+				}
+				out[string(m.Key)] = append(out[string(m.Key)], v.EventID)
+			}
+			if len(msgs) > n {
+				w.t.Fatalf("%d records published, want %d", len(msgs), n)
+			}
+			return out
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("%d of %d outcome events published after 30s", len(msgs), n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (w *world) unpublished() int {
+	w.t.Helper()
+	var n int
+	if err := w.db.Get(&n, `SELECT count(*) FROM outbox WHERE published_at IS NULL`); err != nil {
+		w.t.Fatal(err)
+	}
+	return n
+}
+
+// Rows recorded while no relay runs (a crash between the commit and the
+// publication) are published once one starts, with the eventIds they were
+// recorded with, in commit order per order, also when two replicas relay at
+// once and the relaying one stops half way.
+func TestRelay_PublishesEveryRowOnceInOrderPerOrder(t *testing.T) {
+	w := newWorld(t)
+	want := map[string][]string{}
+	recordRound := func(orders int) {
+		for round := range 3 {
+			for o := range int64(orders) {
+				typ := outbox.Declined
+				if round == 2 {
+					typ = outbox.Succeeded
+				}
+				rec := w.record(100+o, typ)
+				want[strconv.FormatInt(100+o, 10)] = append(want[strconv.FormatInt(100+o, 10)], rec.EventID.String())
+			}
+		}
+	}
+	recordRound(20)
+
+	stopFirst := w.relay()
+	w.relay()
+	got := w.published(60)
+	for key, ids := range want {
+		if fmt.Sprint(got[key]) != fmt.Sprint(ids) {
+			t.Errorf("order %s: published %v, recorded %v", key, got[key], ids)
+		}
+	}
+	// The relaying replica stops; the other takes over.
+	stopFirst()
+	for o := range int64(20) {
+		rec := w.record(100+o, outbox.Succeeded)
+		want[strconv.FormatInt(100+o, 10)] = append(want[strconv.FormatInt(100+o, 10)], rec.EventID.String())
+	}
+	got = w.published(80)
+	for key, ids := range want {
+		if fmt.Sprint(got[key]) != fmt.Sprint(ids) {
+			t.Errorf("after the take-over, order %s: published %v, recorded %v", key, got[key], ids)
+		}
+	}
+	if n := w.unpublished(); n != 0 {
+		t.Errorf("%d rows not marked published", n)
+	}
+	if got := testutil.ToFloat64(w.m.OutboxPublished.WithLabelValues(outbox.Succeeded)); got != 40 {
+		t.Errorf("billing_outbox_published_total{event_type=succeeded} = %v, want 40", got)
+	}
+}
+
+// A row that can never be published (its value is not JSON, or too large
+// for the topic) is marked dead and passed over; the rows behind it go out.
+func TestRelay_ARowItCannotPublishDoesNotStopIt(t *testing.T) {
+	w := newWorld(t)
+	before := w.record(1, outbox.Succeeded)
+	for _, payload := range [][]byte{[]byte("not json"), []byte(`{"eventId":"` + strings.Repeat("x", 5000) + `"}`)} {
+		if _, err := w.db.Exec(`INSERT INTO outbox (event_id, order_id, event_type, causation_id, payload) VALUES ($1, 2, 'payment.succeeded.v1', $2, $3)`,
+			uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := w.record(3, outbox.Declined)
+	w.relay()
+	got := w.published(2)
+	if got["1"][0] != before.EventID.String() || got["3"][0] != after.EventID.String() {
+		t.Errorf("published %v, want the two valid rows", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(w.m.OutboxDead) != 2 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	var dead int
+	if err := w.db.Get(&dead, `SELECT count(*) FROM outbox WHERE dead AND last_error IS NOT NULL AND published_at IS NULL`); err != nil || dead != 2 {
+		t.Errorf("dead rows with their reason = %d (%v), want 2", dead, err)
+	}
+}
+
+// A row published whose publication was not recorded (the relay stopped
+// between the broker's acknowledgement and the mark) is published again
+// with the same eventId: at least once, deduplicated by the consumer.
+func TestRelay_RepublishesWithTheSameEventID(t *testing.T) {
+	w := newWorld(t)
+	rec := w.record(7, outbox.Succeeded)
+	stop := w.relay()
+	w.published(1)
+	stop()
+	if _, err := w.db.Exec(`UPDATE outbox SET published_at = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	w.relay()
+	got := w.published(2)
+	if fmt.Sprint(got["7"]) != fmt.Sprint([]string{rec.EventID.String(), rec.EventID.String()}) {
+		t.Errorf("published %v, want the same eventId twice", got["7"])
+	}
+}

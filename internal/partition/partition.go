@@ -1,0 +1,170 @@
+// Package partition keeps tables that are range-partitioned by the day of
+// a UUID v7 key: processed_event (by the event's id) and outbox (by the
+// outcome event's id).
+//
+// A UUID v7's leading 48 bits are its creation time in milliseconds, so one
+// UTC day of ids is one contiguous key range, and a day of rows is removed
+// by dropping its partition: instant, no bloat, no long DELETE. The SQL side
+// is the function ensure_day_partition(parent, day) (migration 5), which
+// creates and attaches the partition named <parent>_pYYYYMMDD.
+package partition
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+)
+
+// Table is a table partitioned by the day of its UUID v7 key.
+type Table string
+
+// Day is the UTC day of id's partition: the day of the time inside the
+// UUID v7 (the zero time for an id of another version).
+func Day(id uuid.UUID) time.Time {
+	ts, err := uuid.TimestampFromV7(id)
+	if err != nil {
+		return time.Time{}
+	}
+	t, err := ts.Time()
+	if err != nil {
+		return time.Time{}
+	}
+	return t.UTC().Truncate(24 * time.Hour)
+}
+
+// Name is the name of t's partition of day.
+func (t Table) Name(day time.Time) string {
+	return string(t) + "_p" + day.UTC().Format("20060102")
+}
+
+// Ensure creates and attaches the partition of day unless it exists.
+func (t Table) Ensure(ctx context.Context, db sqlx.ExecerContext, day time.Time) error {
+	if _, err := db.ExecContext(ctx, `SELECT ensure_day_partition($1::regclass, $2::date)`, string(t), day.UTC().Format(time.DateOnly)); err != nil {
+		return fmt.Errorf("create partition %s: %w", t.Name(day), err)
+	}
+	return nil
+}
+
+// EnsureFor creates the partitions of the days of ids that lack one. A
+// writer calls it when an insert found no partition (maintenance did not
+// run, or the row belongs to an older day), rather than fail for ever.
+func (t Table) EnsureFor(ctx context.Context, db sqlx.ExecerContext, ids []uuid.UUID) error {
+	days := map[time.Time]bool{}
+	for _, id := range ids {
+		days[Day(id)] = true
+	}
+	for d := range days {
+		if err := t.Ensure(ctx, db, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// IsMissing reports whether err is an insert into t whose key falls on a
+// day that has no partition (yet).
+func (t Table) IsMissing(err error) bool {
+	var pqErr *pq.Error
+	// A check_violation: `no partition of relation "processed_event" found for row`.
+	return errors.As(err, &pqErr) && pqErr.Code == "23514" &&
+		strings.HasPrefix(pqErr.Message, `no partition of relation "`+string(t)+`"`)
+}
+
+// Info describes one existing partition.
+type Info struct {
+	Day time.Time
+	// DetachPending: an earlier DETACH ... CONCURRENTLY was interrupted;
+	// it must be finalized before the partition can be dropped.
+	DetachPending bool
+}
+
+// List returns t's daily partitions by name. Partitions not named by this
+// package are left out: not ours to touch.
+func (t Table) List(ctx context.Context, db sqlx.QueryerContext) (map[string]Info, error) {
+	const q = `
+SELECT c.relname, i.inhdetachpending
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass`
+	rows, err := db.QueryContext(ctx, q, string(t))
+	if err != nil {
+		return nil, fmt.Errorf("list partitions of %s: %w", t, err)
+	}
+	defer rows.Close()
+	prefix := string(t) + "_p"
+	out := map[string]Info{}
+	for rows.Next() {
+		var name string
+		var pending bool
+		if err := rows.Scan(&name, &pending); err != nil {
+			return nil, fmt.Errorf("list partitions of %s: %w", t, err)
+		}
+		day, err := time.Parse("20060102", strings.TrimPrefix(name, prefix))
+		if err != nil || !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		out[name] = Info{Day: day, DetachPending: pending}
+	}
+	return out, rows.Err()
+}
+
+// Drop detaches partition name without blocking writers, then drops it. A
+// detach that was interrupted earlier is finalized instead. It must run
+// outside a transaction (DETACH ... CONCURRENTLY cannot run inside one).
+func (t Table) Drop(ctx context.Context, db sqlx.ExecerContext, name string, info Info) error {
+	detach := `ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY`
+	if info.DetachPending {
+		detach = `ALTER TABLE %s DETACH PARTITION %s FINALIZE`
+	}
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(detach, quoteIdent(string(t)), quoteIdent(name))); err != nil {
+		return fmt.Errorf("detach partition %s: %w", name, err)
+	}
+	if _, err := db.ExecContext(ctx, `DROP TABLE `+quoteIdent(name)); err != nil {
+		return fmt.Errorf("drop partition %s: %w", name, err)
+	}
+	return nil
+}
+
+func quoteIdent(s string) string {
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+// Exclusive runs fn on a connection of its own holding the session advisory
+// lock key, unless another session holds it: then it returns false without
+// running fn. Maintainers of one table (replicas of serve, the CronJob) use
+// it so that one of them works at a time. The lock is released whatever
+// happens to ctx: a pooled connection that kept it would block every later
+// maintainer.
+func Exclusive(ctx context.Context, db *sqlx.DB, key int64, fn func(conn *sqlx.Conn) error) (bool, error) {
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return false, fmt.Errorf("maintenance connection: %w", err)
+	}
+	defer conn.Close()
+	var locked bool
+	if err := conn.GetContext(ctx, &locked, `SELECT pg_try_advisory_lock($1)`, key); err != nil {
+		return false, fmt.Errorf("maintenance lock: %w", err)
+	}
+	if !locked {
+		return false, nil
+	}
+	defer func() {
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, key); err != nil {
+			// Discard the connection: closing the session releases its lock.
+			conn.Raw(func(any) error { return driver.ErrBadConn }) //nolint:errcheck // the error is the point
+		}
+	}()
+	// Never queue behind a long transaction for a parent's lock: that would
+	// block every insert queued behind this one. Fail and try next time.
+	if _, err := conn.ExecContext(ctx, `SET lock_timeout = '5s'`); err != nil {
+		return true, fmt.Errorf("set lock_timeout: %w", err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `RESET lock_timeout`) //nolint:errcheck // the connection returns to the pool either way
+	return true, fn(conn)
+}
