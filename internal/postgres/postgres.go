@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net/url"
-	"regexp"
 	"strings"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"example.com/billing/db/migrations"
+	"example.com/billing/internal/redact"
 )
 
 // Open validates dsn, opens a pool of at most maxConns connections and
@@ -127,22 +126,5 @@ func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) error {
 	return nil
 }
 
-var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-
-// urlPassword finds the password in a URL's user info where url.Parse
-// cannot help: a URL it rejects (a bad port or escape elsewhere in it), or
-// a parser's error message that quotes the URL.
-var urlPassword = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@\s"':]*:)[^\s"]*@`)
-
-// Redact returns dsn with its password masked, for logs.
-func Redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
-		if q := u.Query(); q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.Redacted()
-	}
-	dsn = urlPassword.ReplaceAllString(dsn, "${1}xxxxx@")
-	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
-}
+// Redact returns dsn with its password masked, for logs and messages.
+func Redact(dsn string) string { return redact.DSN(dsn) }
