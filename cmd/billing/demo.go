@@ -169,7 +169,8 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 	if d.dsn, err = recreateDatabase(ctx, serverURL, o.dbName); err != nil {
 		return err
 	}
-	if err := migrate(ctx, nil, map[string]string{"DATABASE_URL": d.dsn}, d.logFile); err != nil {
+	// The log file is for a person at a terminal: text, not JSON.
+	if err := migrate(ctx, nil, map[string]string{"DATABASE_URL": d.dsn, "LOG_FORMAT": "text"}, d.logFile); err != nil {
 		return fmt.Errorf("demo: migrate: %w", err)
 	}
 	if d.db, err = postgres.Open(d.dsn, 4); err != nil {
@@ -210,6 +211,7 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 		"PAYMENT_BASE_URL": d.psp.URL,
 		"HTTP_ADDR":        d.httpAddr,
 		"LOG_LEVEL":        "info",
+		"LOG_FORMAT":       "text",
 	}
 	serveCtx, stop := context.WithCancel(ctx)
 	d.stopServe = stop

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"slices"
 	"strings"
 
@@ -66,11 +65,11 @@ var reasonCodes = []string{billing.CodeInvalidEvent, billing.CodeStaleEvent, bil
 
 // dlqConfig is what dlq replay reads from the environment.
 type dlqConfig struct {
-	Kafka    config.Kafka
-	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
+	Kafka config.Kafka
+	Log   config.Log
 }
 
-func (c *dlqConfig) Validate() error { return c.Kafka.Validate() }
+func (c *dlqConfig) Validate() error { return errors.Join(c.Kafka.Validate(), c.Log.Validate()) }
 
 // dlqReplayCmd republishes parked messages.
 func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
@@ -103,7 +102,7 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 		// assignment, and its offsets are those of the order topic.
 		return fmt.Errorf("dlq replay: --group must not be KAFKA_GROUP_ID (%s), the service's own group", cfg.Kafka.GroupID)
 	}
-	log := newLogger(stderr, cfg.LogLevel)
+	log := newLogger(stderr, cfg.Log)
 	log.Info("dlq replay starting", "version", version, "kafka", cfg.Kafka, "group", *group,
 		"reason", *reason, "dry_run", *dryRun, "max", *maxN)
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -27,7 +26,7 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
-	log := newLogger(stderr, slog.LevelInfo)
+	log := newLogger(stderr, cfg.Log)
 	db, err := postgres.Open(cfg.Database.URL, 2)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)

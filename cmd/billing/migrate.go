@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/postgres"
@@ -15,12 +14,12 @@ func migrate(ctx context.Context, args []string, environ map[string]string, stde
 	if err := noArgs("migrate", args); err != nil {
 		return err
 	}
-	var cfg config.Database
+	var cfg config.Migrate
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
-	log := newLogger(stderr, slog.LevelInfo)
-	db, err := postgres.Open(cfg.URL, 2)
+	log := newLogger(stderr, cfg.Log)
+	db, err := postgres.Open(cfg.Database.URL, 2)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}

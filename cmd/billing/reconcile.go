@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"errors"
 	"io"
-	"log/slog"
 	"time"
 
 	"example.com/billing/internal/config"
@@ -51,13 +51,11 @@ func (e *exitError) ExitCode() int { return e.code }
 type reconcileConfig struct {
 	Database config.Database
 	Payment  config.Payment
+	Log      config.Log
 }
 
 func (c *reconcileConfig) Validate() error {
-	if err := c.Database.Validate(); err != nil {
-		return err
-	}
-	return c.Payment.Validate()
+	return errors.Join(c.Database.Validate(), c.Payment.Validate(), c.Log.Validate())
 }
 
 // reconcileCmd compares the charge table with the provider's charges.
@@ -88,7 +86,7 @@ func reconcileCmd(ctx context.Context, args []string, environ map[string]string,
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
-	log := newLogger(stderr, slog.LevelInfo)
+	log := newLogger(stderr, cfg.Log)
 	if settled := time.Now().Add(-*settle); win.To.After(settled) {
 		log.Warn("the window ends less than --settle ago: a charge still in flight shows as missing in the database",
 			"to", win.To, "settle", settle.String())

@@ -7,6 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"time"
+
+	"example.com/billing/internal/config"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=...".
@@ -73,9 +76,38 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	return fmt.Errorf("unknown command %q", cmd)
 }
 
-// newLogger returns a JSON logger at level, the format log pipelines parse.
-func newLogger(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+// newLogger returns a command's logger: JSON lines, the format log
+// pipelines parse, or text for people (LOG_FORMAT), at LOG_LEVEL.
+func newLogger(w io.Writer, c config.Log) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.Level, ReplaceAttr: durationAsText}
+	if c.Format == config.LogText {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// durationAsText writes a time.Duration as text (1.36s) in every log line,
+// whoever logged it: the JSON handler would write nanoseconds
+// (1357137935), which nobody reads at a glance. It is the one place that
+// does it, so that a new attribute cannot forget.
+func durationAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(roughly(a.Value.Duration()).String())
+	}
+	return a
+}
+
+// roughly drops the digits of d that say nothing to a reader of a log:
+// 1.357137935s becomes 1.36s, 12.3456ms 12.35ms; whole durations such as
+// 168h stay as they are.
+func roughly(d time.Duration) time.Duration {
+	switch abs := d.Abs(); {
+	case abs >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case abs >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	}
+	return d
 }
 
 // noArgs rejects positional arguments a command does not take.

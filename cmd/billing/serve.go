@@ -40,7 +40,7 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
-	log := newLogger(logw, cfg.Log.Level)
+	log := newLogger(logw, cfg.Log)
 	log.Info("billing starting", "version", version, "config", cfg)
 
 	// --- Tracing: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set.
