@@ -43,16 +43,22 @@ committed every message, the demo prints a summary measured from the
 database, the provider, the broker and /metrics, compares it with what the
 generator produced, and exits non-zero if they differ.
 
-It needs PostgreSQL: DATABASE_URL (default
-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) names the
-server; the demo drops and recreates only its own database there (--db-name,
-default billing_demo) and leaves it behind for you to look at.
+It needs PostgreSQL: DATABASE_URL names the server; the demo drops and
+recreates only its own database there (--db-name, default billing_demo) and
+leaves it behind for you to look at.
 
 With --keep everything keeps running after the summary, until Ctrl-C, so
 that you can look at /metrics and produce more events.`
 
-// defaultDemoDatabaseURL is the local server of the development machines.
-const defaultDemoDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+// demoConfig is what the demo reads from the environment. The default is
+// the local server of the development machines.
+type demoConfig struct {
+	ServerURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" help:"PostgreSQL server on which the demo drops and recreates its own database (--db-name)"`
+}
+
+// Validate accepts any URL: recreateDatabase says what is wrong with it
+// when it connects.
+func (c *demoConfig) Validate() error { return nil }
 
 type demoOptions struct {
 	count        int
@@ -71,7 +77,9 @@ type demoOptions struct {
 // demoCmd runs the demo. argv0 is how billing was started, for the hints
 // it prints.
 func demoCmd(ctx context.Context, argv0 string, args []string, environ map[string]string, stdout io.Writer) error {
-	fs := newFlagSet("demo", "[flags]", demoHelp)
+	var cfg demoConfig
+	fs := newFlagSet("demo", about{synopsis: "[flags]", description: demoHelp, env: &cfg,
+		example: "billing demo --count 10000 --latency 20ms --keep"})
 	var o demoOptions
 	fs.IntVar(&o.count, "count", 3000, "events to publish, duplicates and invalid ones included")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the order topic")
@@ -101,14 +109,13 @@ func demoCmd(ctx context.Context, argv0 string, args []string, environ map[strin
 	if _, _, _, err := genOpts.Split(); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	serverURL := environ["DATABASE_URL"]
-	if serverURL == "" {
-		serverURL = defaultDemoDatabaseURL
+	if err := config.Load(environ, &cfg); err != nil {
+		return err
 	}
 
 	d := &demo{opts: o, stdout: stdout, hint: commandHint(argv0)}
 	defer d.close()
-	if err := d.start(ctx, serverURL); err != nil {
+	if err := d.start(ctx, cfg.ServerURL); err != nil {
 		return err
 	}
 	if err := d.publishAndWait(ctx, genOpts); err != nil {
@@ -170,7 +177,7 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 		return err
 	}
 	// The log file is for a person at a terminal: text, not JSON.
-	if err := migrate(ctx, nil, map[string]string{"DATABASE_URL": d.dsn, "LOG_FORMAT": "text"}, d.logFile); err != nil {
+	if err := migrate(ctx, nil, map[string]string{"DATABASE_URL": d.dsn, "LOG_FORMAT": "text"}, io.Discard, d.logFile); err != nil {
 		return fmt.Errorf("demo: migrate: %w", err)
 	}
 	if d.db, err = postgres.Open(d.dsn, 4); err != nil {
@@ -216,7 +223,7 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 	serveCtx, stop := context.WithCancel(ctx)
 	d.stopServe = stop
 	d.serveDone = make(chan error, 1)
-	go func() { d.serveDone <- serve(serveCtx, nil, env, d.logFile) }()
+	go func() { d.serveDone <- serve(serveCtx, nil, env, io.Discard, d.logFile) }()
 	if err := d.waitReady(ctx); err != nil {
 		return err
 	}

@@ -14,15 +14,21 @@ import (
 	"example.com/billing/internal/postgres"
 )
 
-// maintain runs dedup-store retention once, for a Kubernetes CronJob: it
-// creates processed_event partitions ahead and drops the expired ones, then
-// prints what it did as JSON. serve does the same every
-// DEDUP_MAINTENANCE_INTERVAL; an advisory lock lets one of them work at a time.
+const maintainHelp = `
+Runs the dedup store's retention once, for a Kubernetes CronJob: creates
+processed_event's daily partitions DEDUP_PARTITIONS_AHEAD days ahead and
+drops those older than DEDUP_RETENTION, then prints what it did as JSON on
+stdout. serve does the same every DEDUP_MAINTENANCE_INTERVAL; an advisory
+lock lets one of them work at a time.`
+
+// maintain runs dedup-store retention once.
 func maintain(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
-	if err := noArgs("maintain", args); err != nil {
+	var cfg config.Maintain
+	fs := newFlagSet("maintain", about{description: maintainHelp, env: &cfg,
+		example: `DATABASE_URL='postgres://billing:secret@db:5432/billing?sslmode=verify-full' DEDUP_RETENTION=720h billing maintain`})
+	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
-	var cfg config.Maintain
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}

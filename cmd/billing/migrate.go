@@ -9,12 +9,20 @@ import (
 	"example.com/billing/internal/postgres"
 )
 
+const migrateHelp = `
+Applies the database migrations embedded in this binary to DATABASE_URL and
+exits. It is safe to run twice, and from several processes at once (a
+PostgreSQL advisory lock serializes them). billing serve refuses to start
+on a schema older than its own.`
+
 // migrate applies the embedded migrations to DATABASE_URL.
-func migrate(ctx context.Context, args []string, environ map[string]string, stderr io.Writer) error {
-	if err := noArgs("migrate", args); err != nil {
+func migrate(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+	var cfg config.Migrate
+	fs := newFlagSet("migrate", about{description: migrateHelp, env: &cfg,
+		example: `DATABASE_URL='postgres://billing:secret@db:5432/billing?sslmode=verify-full' billing migrate`})
+	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
-	var cfg config.Migrate
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}

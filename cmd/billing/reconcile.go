@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 
@@ -25,7 +25,6 @@ provider's created); its counterpart is looked up outside the window too,
 in the database by key and at the provider within --slack, before it is
 called missing. Declined rows are not expected at the provider.
 
-Reads DATABASE_URL, PAYMENT_BASE_URL, PAYMENT_API_KEY and PAYMENT_TIMEOUT.
 Exits 0 when both sides agree, 2 when they differ, 1 when it could not
 run; the report is on stdout either way.`
 
@@ -60,7 +59,9 @@ func (c *reconcileConfig) Validate() error {
 
 // reconcileCmd compares the charge table with the provider's charges.
 func reconcileCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("reconcile", "[flags]", reconcileHelp)
+	var cfg reconcileConfig
+	fs := newFlagSet("reconcile", about{synopsis: "[flags]", description: reconcileHelp, env: &cfg,
+		example: "DATABASE_URL=... PAYMENT_BASE_URL=https://psp.example.com PAYMENT_API_KEY=sk_live_... billing reconcile --from 2026-01-01T00:00:00Z --format json"})
 	fromFlag := fs.String("from", "", "start of the window, RFC 3339 (default: --to minus 24h)")
 	toFlag := fs.String("to", "", "end of the window, exclusive, RFC 3339 (default: now minus --settle)")
 	settle := fs.Duration("settle", 5*time.Minute,
@@ -82,7 +83,6 @@ func reconcileCmd(ctx context.Context, args []string, environ map[string]string,
 		return err
 	}
 
-	var cfg reconcileConfig
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}

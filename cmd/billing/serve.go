@@ -30,13 +30,30 @@ import (
 	"example.com/billing/internal/tracing"
 )
 
+const serveHelp = `
+Consumes order.confirmed.v1 events from KAFKA_TOPIC and charges each order
+exactly once in effect; serves GET /healthz, /readyz and /metrics on
+HTTP_ADDR. It runs until SIGTERM or SIGINT, then lets in-flight work finish
+(at most DRAIN_TIMEOUT), commits the finished offsets and exits 0.
+
+The database must be migrated to this binary's schema first (billing
+migrate). The configuration is read from the environment once, at start;
+every missing or bad variable is reported at once. Tracing is off unless
+OTEL_EXPORTER_OTLP_ENDPOINT is set (the standard OTEL_* variables apply).
+Logs go to stderr.`
+
+const serveExample = `DATABASE_URL='postgres://billing:secret@db:5432/billing?sslmode=verify-full' \
+  PAYMENT_BASE_URL=https://psp.example.com PAYMENT_API_KEY=sk_live_... \
+  KAFKA_BROKERS=kafka-1:9092,kafka-2:9092 billing serve`
+
 // serve runs the consumer and the HTTP server until ctx is done, then
 // drains and returns nil.
-func serve(ctx context.Context, args []string, environ map[string]string, logw io.Writer) error {
-	if err := noArgs("serve", args); err != nil {
+func serve(ctx context.Context, args []string, environ map[string]string, stdout, logw io.Writer) error {
+	var cfg config.Serve
+	fs := newFlagSet("serve", about{description: serveHelp, env: &cfg, example: serveExample})
+	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
-	var cfg config.Serve
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}

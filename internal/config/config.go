@@ -50,6 +50,14 @@ type Kafka struct {
 	SASLPassword  string `env:"KAFKA_SASL_PASSWORD" help:"SASL password; never logged"`
 }
 
+// Topics are the order topic and its dead-letter topic, the ones `billing
+// devkafka` creates: Kafka's variables of the same names, with the same
+// defaults.
+type Topics struct {
+	Topic    string `env:"KAFKA_TOPIC" envDefault:"orders.confirmed" notEmpty:"true" help:"topic of the order.confirmed.v1 events"`
+	DLQTopic string `env:"KAFKA_DLQ_TOPIC" envDefault:"orders.confirmed.dlq" notEmpty:"true" help:"dead-letter topic: where messages that can never be processed are parked"`
+}
+
 // Database is the PostgreSQL database a command works on.
 type Database struct {
 	URL string `env:"DATABASE_URL,required" notEmpty:"true" help:"postgres://user:password@host:5432/db?sslmode=verify-full (or key=value form); lib/pq's PG* variables fill in what it leaves out"`
@@ -430,14 +438,7 @@ func (k *Kafka) Validate() error {
 			break
 		}
 	}
-	if !topicName.MatchString(k.Topic) {
-		errs.add("KAFKA_TOPIC", "%q is not a valid topic name", k.Topic)
-	}
-	if !topicName.MatchString(k.DLQTopic) {
-		errs.add("KAFKA_DLQ_TOPIC", "%q is not a valid topic name", k.DLQTopic)
-	} else if k.DLQTopic == k.Topic {
-		errs.add("KAFKA_DLQ_TOPIC", "must differ from KAFKA_TOPIC")
-	}
+	errs = append(errs, checkTopics(k.Topic, k.DLQTopic)...)
 	if strings.TrimSpace(k.GroupID) == "" {
 		errs.add("KAFKA_GROUP_ID", "must not be empty")
 	}
@@ -481,6 +482,23 @@ func (k *Kafka) Validate() error {
 	}
 	return errs.err()
 }
+
+// checkTopics checks the names of the order topic and its dead-letter topic.
+func checkTopics(topic, dlq string) Errors {
+	var errs Errors
+	if !topicName.MatchString(topic) {
+		errs.add("KAFKA_TOPIC", "%q is not a valid topic name", topic)
+	}
+	if !topicName.MatchString(dlq) {
+		errs.add("KAFKA_DLQ_TOPIC", "%q is not a valid topic name", dlq)
+	} else if dlq == topic {
+		errs.add("KAFKA_DLQ_TOPIC", "must differ from KAFKA_TOPIC")
+	}
+	return errs
+}
+
+// Validate checks the topic names.
+func (t *Topics) Validate() error { return checkTopics(t.Topic, t.DLQTopic).err() }
 
 // LogValue masks the SASL password.
 func (k Kafka) LogValue() slog.Value {

@@ -530,7 +530,7 @@ func TestServe_LogValue(t *testing.T) {
 // are generated from it, are right.
 func TestVars(t *testing.T) {
 	t.Parallel()
-	for _, cfg := range []any{&config.Serve{}, &config.Migrate{}, &config.Maintain{}, &config.Kafka{}} {
+	for _, cfg := range []any{&config.Serve{}, &config.Migrate{}, &config.Maintain{}, &config.Kafka{}, &config.Topics{}} {
 		seen := map[string]bool{}
 		for _, v := range config.Vars(cfg) {
 			if v.Help == "" {
@@ -592,5 +592,25 @@ func TestValidate_ChangesNothing(t *testing.T) {
 	_ = cfg.Validate()
 	if !reflect.DeepEqual(cfg, before) {
 		t.Errorf("Validate changed the configuration:\n got %+v\nwant %+v", cfg, before)
+	}
+}
+
+// TestTopics_AsKafka: devkafka creates the topics serve consumes unless
+// told otherwise, so Topics must read the same variables as Kafka, with the
+// same defaults.
+func TestTopics_AsKafka(t *testing.T) {
+	t.Parallel()
+	kafka := map[string]config.Var{}
+	for _, v := range config.Vars(config.Kafka{}) {
+		kafka[v.Name] = v
+	}
+	for _, v := range config.Vars(config.Topics{}) {
+		if v != kafka[v.Name] {
+			t.Errorf("Topics reads %+v, Kafka %+v", v, kafka[v.Name])
+		}
+	}
+	var topics config.Topics
+	if err := config.Load(map[string]string{"KAFKA_DLQ_TOPIC": "orders.confirmed"}, &topics); err == nil {
+		t.Error("Topics accepted a dead-letter topic equal to the topic")
 	}
 }
