@@ -126,5 +126,45 @@ func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) error {
 	return nil
 }
 
+// versionTable is where goose records the migrations applied to a
+// database: its default name, which Migrate keeps.
+const versionTable = "goose_db_version"
+
+// Version returns the schema version this binary needs: the highest
+// migration embedded in it.
+func Version() (int64, error) {
+	entries, err := fs.ReadDir(migrations.FS, ".")
+	if err != nil {
+		return 0, fmt.Errorf("list migrations: %w", err)
+	}
+	var latest int64
+	for _, e := range entries {
+		v, err := goose.NumericComponent(e.Name())
+		if err != nil {
+			return 0, fmt.Errorf("migration %s: %w", e.Name(), err)
+		}
+		latest = max(latest, v)
+	}
+	return latest, nil
+}
+
+// SchemaVersion returns the highest migration version applied to db, 0 when
+// none is (goose's table does not exist yet). It is one short query, cheap
+// enough for a readiness probe, and an answer also says that the database
+// is reachable. It never creates goose's table, as goose's own
+// GetDBVersion would.
+func SchemaVersion(ctx context.Context, db *sqlx.DB) (int64, error) {
+	var v sql.NullInt64
+	err := db.QueryRowContext(ctx, `SELECT max(version_id) FROM `+versionTable).Scan(&v)
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && pqErr.Code == "42P01" { // undefined_table: never migrated
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v.Int64, nil
+}
+
 // Redact returns dsn with its password masked, for logs and messages.
 func Redact(dsn string) string { return redact.DSN(dsn) }

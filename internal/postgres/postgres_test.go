@@ -155,6 +155,39 @@ func TestMigrate(t *testing.T) {
 	})
 }
 
+// TestSchemaVersion: serve compares the database's schema version with
+// Version to refuse an unmigrated database; the two must agree once the
+// embedded migrations are applied, and a database that never saw a
+// migration is at 0, without SchemaVersion creating anything.
+func TestSchemaVersion(t *testing.T) {
+	t.Parallel()
+	want, err := postgres.Version()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no embedded migrations: %v", err)
+	}
+	if last, _ := strconv.ParseInt(strings.SplitN(names[len(names)-1], "_", 2)[0], 10, 64); want != last {
+		t.Errorf("Version() = %d, want %d, the version of the last migration (%s)", want, last, names[len(names)-1])
+	}
+
+	db := open(t, dbtest.Empty(t), 2)
+	if got, err := postgres.SchemaVersion(testCtx(t), db); err != nil || got != 0 {
+		t.Errorf("SchemaVersion of an empty database = %d, %v; want 0", got, err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM pg_tables WHERE tablename = 'goose_db_version'`); n != 0 {
+		t.Errorf("SchemaVersion created goose's table")
+	}
+	if err := postgres.Migrate(testCtx(t), db.DB, discard()); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := postgres.SchemaVersion(testCtx(t), db); err != nil || got != want {
+		t.Errorf("SchemaVersion after Migrate = %d, %v; want %d", got, err, want)
+	}
+}
+
 // newTable creates a table in a fresh database and returns a pool on it.
 func newTable(t *testing.T, ddl string) *sqlx.DB {
 	t.Helper()
