@@ -198,6 +198,9 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 	d.kafkaCfg.Brokers = []string{d.broker.Addr()}
 	fmt.Fprintf(d.stdout, "  broker    %s (embedded kfake, in memory, not Apache Kafka; %s with %d partitions)\n",
 		d.broker.Addr(), d.kafkaCfg.Topic, o.partitions)
+	// The broker is new, so is the group. Where a group starts matters
+	// once a topic has history: README, KAFKA_GROUP_ID.
+	fmt.Fprintf(d.stdout, "  group     %s (new: starts from the oldest offset of %s)\n", d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
 
 	d.psp, err = startFakePSP("127.0.0.1:0", fakepsp.Options{DeclineEvery: o.declineEvery, Latency: o.latency, Seed: o.seed})
 	if err != nil {
@@ -318,13 +321,18 @@ func (d *demo) publishAndWait(ctx context.Context, genOpts loadgen.Options) erro
 		if d.finished.IsZero() && finished >= float64(d.opts.count) {
 			d.finished = time.Now()
 		}
-		lag, err := d.lag()
+		// lag is what was published and is not finished yet: it reaches 0
+		// with finished. The group commits finished offsets once a second,
+		// so committed trails finished; the demo is done when it catches up.
+		published := acked.Load()
+		lag := max(published-int64(finished), 0)
+		end, committed, err := d.offsets()
 		if err != nil {
-			lag = -1
+			end, committed = -1, -1
 		}
-		p.show(fmt.Sprintf("published %d/%d  finished %.0f/%d  lag %d  %.1fs",
-			acked.Load(), d.opts.count, finished, d.opts.count, lag, time.Since(d.began).Seconds()))
-		if !publishing && lag == 0 {
+		p.show(fmt.Sprintf("published %d/%d  finished %.0f/%d  lag %d  committed %d/%d  %.1fs",
+			published, d.opts.count, finished, d.opts.count, lag, committed, d.opts.count, time.Since(d.began).Seconds()))
+		if !publishing && err == nil && committed == end {
 			// Every message is committed, so every one was counted on
 			// /metrics before its offset was marked.
 			if d.finished.IsZero() {
@@ -333,28 +341,28 @@ func (d *demo) publishAndWait(ctx context.Context, genOpts loadgen.Options) erro
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("demo: the consumer did not catch up within %s (lag %d; logs in %s)", d.opts.timeout, lag, d.opts.logPath)
+			return fmt.Errorf("demo: the consumer did not catch up within %s (%d of %d messages committed; logs in %s)", d.opts.timeout, committed, end, d.opts.logPath)
 		}
 	}
 }
 
-// lag is the messages of the order topic the group has not committed:
-// end offsets minus committed offsets, over all partitions, read from the
-// broker.
-func (d *demo) lag() (int64, error) {
-	end, err := kafka.EndOffsets(d.client, d.kafkaCfg.Topic)
+// offsets sums the end offsets of the order topic's partitions and the
+// group's committed offsets, read from the broker: on the demo's new topic,
+// the messages published and those committed.
+func (d *demo) offsets() (end, committed int64, err error) {
+	ends, err := kafka.EndOffsets(d.client, d.kafkaCfg.Topic)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	committed, err := kafka.CommittedOffsets(d.client, d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
+	commits, err := kafka.CommittedOffsets(d.client, d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var lag int64
-	for p, e := range end {
-		lag += max(e-max(committed[p], 0), 0)
+	for p, e := range ends {
+		end += e
+		committed += min(max(commits[p], 0), e)
 	}
-	return lag, nil
+	return end, committed, nil
 }
 
 func sumOffsets(m map[int32]int64) int64 {

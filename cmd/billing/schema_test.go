@@ -138,3 +138,26 @@ func migrateTo(t *testing.T, dsn string, version int64) {
 		t.Fatal(err)
 	}
 }
+
+// TestServe_SaysWhereTheGroupStarts: a new consumer group starts from the
+// oldest offset and processes every message already on the topic (after
+// a change of KAFKA_GROUP_ID: the whole topic again); serve says so, with
+// the number of messages, and says when a group resumes instead.
+func TestServe_SaysWhereTheGroupStarts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 2)
+	for i := range int64(3) {
+		_, value := event(t, 60+i, 100, "EUR")
+		h.publish(int32(i%2), fmt.Sprint(60+i), value)
+	}
+	first := h.serve(h.environ())
+	first.waitLog(t, `"msg":"new consumer group: it starts from the oldest offset, so every message on the topic is processed`)
+	if !strings.Contains(first.logs.String(), `"messages":3`) {
+		t.Errorf("the new group's start does not count the 3 messages on the topic:\n%s", first.logs.String())
+	}
+	h.waitCaughtUp()
+	first.stop(t)
+
+	again := h.serve(h.environ())
+	again.waitLog(t, `"msg":"consumer group resumes from its committed offsets"`)
+}

@@ -459,8 +459,10 @@ func logStart(client sarama.Client, k config.Kafka, log *slog.Logger) {
 	switch {
 	case len(fresh) == 0:
 		log.Info("consumer group resumes from its committed offsets", "group", k.GroupID, "topic", k.Topic)
+	case len(fresh) == len(committed) && reprocess == 0:
+		log.Info("new consumer group: it starts from the oldest offset of the topic, which holds no message", "group", k.GroupID, "topic", k.Topic)
 	case len(fresh) == len(committed):
-		log.Warn("new consumer group: it starts from the oldest offset, the whole topic is processed again (orders already charged are not charged twice, but invalid messages are parked in the dead-letter topic again)",
+		log.Warn("new consumer group: it starts from the oldest offset, so every message on the topic is processed; if another group processed them already, orders already charged are not charged again, but invalid messages are parked in the dead-letter topic again",
 			"group", k.GroupID, "topic", k.Topic, "messages", reprocess)
 	default:
 		log.Info("consumer group resumes from its committed offsets; partitions without one start from their oldest offset",
