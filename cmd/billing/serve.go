@@ -78,8 +78,8 @@ func serve(ctx context.Context, args []string, environ map[string]string, stdout
 		select {
 		case err = <-stopped:
 		case <-time.After(cfg.Consumer.DrainTimeout + shutdownSlack):
-			log.Error("shutdown did not finish within DRAIN_TIMEOUT + 4s (the broker or the database does not answer); exiting without waiting any longer: unfinished messages were not committed and will be redelivered",
-				"drain_timeout", cfg.Consumer.DrainTimeout)
+			log.Error("shutdown did not finish in time (the broker or the database does not answer); exiting without waiting any longer: unfinished messages were not committed and will be redelivered",
+				"waited", cfg.Consumer.DrainTimeout+shutdownSlack, "drain_timeout", cfg.Consumer.DrainTimeout)
 		}
 	}
 	if ctx.Err() == nil {
