@@ -97,6 +97,7 @@ func newFreezingProxy(t *testing.T, dsn string) *freezingProxy {
 			}
 			keep(client)
 			if p.isFrozen() {
+				go p.pipe(nil, client, true) // nothing is forwarded: no upstream
 				continue
 			}
 			server, err := net.Dial("tcp", upstream)
