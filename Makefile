@@ -1,12 +1,21 @@
 # billing — make targets. `make demo` and `make test` are the two commands a
-# newcomer needs; CI runs `make ci`.
+# newcomer needs; CI runs `make ci`; `make help` lists the targets.
 
 GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/billing
 
-.PHONY: build demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup
+.PHONY: help ci build demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup
+
+## help: the targets and what they do (from the Makefile's ## comments)
+help:
+	@awk '/^## [a-z-]+:/ { sub(/^## /, ""); print; next } /^## / { sub(/^## /, "    "); print }' $(MAKEFILE_LIST)
+
+## ci: what CI runs on a clean clone (.ci/run): PostgreSQL, make lint, make
+## test, make test-kfake, make fuzz and make chaos, with each stage's time
+ci:
+	bash .ci/run
 
 ## build: the static billing binary in bin/
 build:
@@ -14,8 +23,11 @@ build:
 
 ## demo: the whole pipeline on this machine (embedded broker, fake provider,
 ## local PostgreSQL), then a summary; DEMO_FLAGS="--keep" leaves it running
-demo:
-	$(GO) run ./cmd/billing demo $(DEMO_FLAGS)
+## until Ctrl-C
+# The built binary, not `go run`: go run exits 1 when interrupted even when
+# the program exits 0, which turned Ctrl-C of --keep into a make error.
+demo: build
+	$(BIN) demo $(DEMO_FLAGS)
 
 ## test: every test, with the race detector, against the local PostgreSQL
 ## and KAFKA_TEST_BROKER (default: Apache Kafka where Java and Maven are

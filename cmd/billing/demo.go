@@ -43,16 +43,22 @@ committed every message, the demo prints a summary measured from the
 database, the provider, the broker and /metrics, compares it with what the
 generator produced, and exits non-zero if they differ.
 
-It needs PostgreSQL: DATABASE_URL (default
-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) names the
-server; the demo drops and recreates only its own database there (--db-name,
-default billing_demo) and leaves it behind for you to look at.
+It needs PostgreSQL: DATABASE_URL names the server; the demo drops and
+recreates only its own database there (--db-name, default billing_demo) and
+leaves it behind for you to look at.
 
 With --keep everything keeps running after the summary, until Ctrl-C, so
 that you can look at /metrics and produce more events.`
 
-// defaultDemoDatabaseURL is the local server of the development machines.
-const defaultDemoDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+// demoConfig is what the demo reads from the environment. The default is
+// the local server of the development machines.
+type demoConfig struct {
+	ServerURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" help:"PostgreSQL server on which the demo drops and recreates its own database (--db-name)"`
+}
+
+// Validate accepts any URL: recreateDatabase says what is wrong with it
+// when it connects.
+func (c *demoConfig) Validate() error { return nil }
 
 type demoOptions struct {
 	count        int
@@ -71,7 +77,9 @@ type demoOptions struct {
 // demoCmd runs the demo. argv0 is how billing was started, for the hints
 // it prints.
 func demoCmd(ctx context.Context, argv0 string, args []string, environ map[string]string, stdout io.Writer) error {
-	fs := newFlagSet("demo", "[flags]", demoHelp)
+	var cfg demoConfig
+	fs := newFlagSet("demo", about{synopsis: "[flags]", description: demoHelp, env: &cfg,
+		example: "billing demo --count 10000 --latency 20ms --keep"})
 	var o demoOptions
 	fs.IntVar(&o.count, "count", 3000, "events to publish, duplicates and invalid ones included")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the order topic")
@@ -101,14 +109,13 @@ func demoCmd(ctx context.Context, argv0 string, args []string, environ map[strin
 	if _, _, _, err := genOpts.Split(); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	serverURL := environ["DATABASE_URL"]
-	if serverURL == "" {
-		serverURL = defaultDemoDatabaseURL
+	if err := config.Load(environ, &cfg); err != nil {
+		return err
 	}
 
 	d := &demo{opts: o, stdout: stdout, hint: commandHint(argv0)}
 	defer d.close()
-	if err := d.start(ctx, serverURL); err != nil {
+	if err := d.start(ctx, cfg.ServerURL); err != nil {
 		return err
 	}
 	if err := d.publishAndWait(ctx, genOpts); err != nil {
@@ -169,7 +176,8 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 	if d.dsn, err = recreateDatabase(ctx, serverURL, o.dbName); err != nil {
 		return err
 	}
-	if err := migrate(ctx, nil, map[string]string{"DATABASE_URL": d.dsn}, d.logFile); err != nil {
+	// The log file is for a person at a terminal: text, not JSON.
+	if err := migrate(ctx, nil, map[string]string{"DATABASE_URL": d.dsn, "LOG_FORMAT": "text"}, io.Discard, d.logFile); err != nil {
 		return fmt.Errorf("demo: migrate: %w", err)
 	}
 	if d.db, err = postgres.Open(d.dsn, 4); err != nil {
@@ -190,6 +198,9 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 	d.kafkaCfg.Brokers = []string{d.broker.Addr()}
 	fmt.Fprintf(d.stdout, "  broker    %s (embedded kfake, in memory, not Apache Kafka; %s with %d partitions)\n",
 		d.broker.Addr(), d.kafkaCfg.Topic, o.partitions)
+	// The broker is new, so is the group. Where a group starts matters
+	// once a topic has history: README, KAFKA_GROUP_ID.
+	fmt.Fprintf(d.stdout, "  group     %s (new: starts from the oldest offset of %s)\n", d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
 
 	d.psp, err = startFakePSP("127.0.0.1:0", fakepsp.Options{DeclineEvery: o.declineEvery, Latency: o.latency, Seed: o.seed})
 	if err != nil {
@@ -210,11 +221,12 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 		"PAYMENT_BASE_URL": d.psp.URL,
 		"HTTP_ADDR":        d.httpAddr,
 		"LOG_LEVEL":        "info",
+		"LOG_FORMAT":       "text",
 	}
 	serveCtx, stop := context.WithCancel(ctx)
 	d.stopServe = stop
 	d.serveDone = make(chan error, 1)
-	go func() { d.serveDone <- serve(serveCtx, nil, env, d.logFile) }()
+	go func() { d.serveDone <- serve(serveCtx, nil, env, io.Discard, d.logFile) }()
 	if err := d.waitReady(ctx); err != nil {
 		return err
 	}
@@ -309,13 +321,18 @@ func (d *demo) publishAndWait(ctx context.Context, genOpts loadgen.Options) erro
 		if d.finished.IsZero() && finished >= float64(d.opts.count) {
 			d.finished = time.Now()
 		}
-		lag, err := d.lag()
+		// lag is what was published and is not finished yet: it reaches 0
+		// with finished. The group commits finished offsets once a second,
+		// so committed trails finished; the demo is done when it catches up.
+		published := acked.Load()
+		lag := max(published-int64(finished), 0)
+		end, committed, err := d.offsets()
 		if err != nil {
-			lag = -1
+			end, committed = -1, -1
 		}
-		p.show(fmt.Sprintf("published %d/%d  finished %.0f/%d  lag %d  %.1fs",
-			acked.Load(), d.opts.count, finished, d.opts.count, lag, time.Since(d.began).Seconds()))
-		if !publishing && lag == 0 {
+		p.show(fmt.Sprintf("published %d/%d  finished %.0f/%d  lag %d  committed %d/%d  %.1fs",
+			published, d.opts.count, finished, d.opts.count, lag, committed, d.opts.count, time.Since(d.began).Seconds()))
+		if !publishing && err == nil && committed == end {
 			// Every message is committed, so every one was counted on
 			// /metrics before its offset was marked.
 			if d.finished.IsZero() {
@@ -324,28 +341,28 @@ func (d *demo) publishAndWait(ctx context.Context, genOpts loadgen.Options) erro
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("demo: the consumer did not catch up within %s (lag %d; logs in %s)", d.opts.timeout, lag, d.opts.logPath)
+			return fmt.Errorf("demo: the consumer did not catch up within %s (%d of %d messages committed; logs in %s)", d.opts.timeout, committed, end, d.opts.logPath)
 		}
 	}
 }
 
-// lag is the messages of the order topic the group has not committed:
-// end offsets minus committed offsets, over all partitions, read from the
-// broker.
-func (d *demo) lag() (int64, error) {
-	end, err := kafka.EndOffsets(d.client, d.kafkaCfg.Topic)
+// offsets sums the end offsets of the order topic's partitions and the
+// group's committed offsets, read from the broker: on the demo's new topic,
+// the messages published and those committed.
+func (d *demo) offsets() (end, committed int64, err error) {
+	ends, err := kafka.EndOffsets(d.client, d.kafkaCfg.Topic)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	committed, err := kafka.CommittedOffsets(d.client, d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
+	commits, err := kafka.CommittedOffsets(d.client, d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var lag int64
-	for p, e := range end {
-		lag += max(e-max(committed[p], 0), 0)
+	for p, e := range ends {
+		end += e
+		committed += min(max(commits[p], 0), e)
 	}
-	return lag, nil
+	return end, committed, nil
 }
 
 func sumOffsets(m map[int32]int64) int64 {

@@ -206,6 +206,24 @@ func TestDemo_ExitsZeroAfterThePassingSummary(t *testing.T) {
 			t.Errorf("row %q: measured %d, expected %d", row, r[0], r[1])
 		}
 	}
+	// The progress lines' lag is what is published and not finished: it
+	// never contradicts finished (it once said "finished 3000/3000 lag
+	// 3000"), and the last line shows everything finished and committed.
+	progress := regexp.MustCompile(`(?m)^published (\d+)/\d+  finished (\d+)/\d+  lag (\d+)  committed (\d+)/\d+`).FindAllStringSubmatch(out, -1)
+	if len(progress) == 0 {
+		t.Fatalf("no progress line:\n%s", out)
+	}
+	for _, m := range progress {
+		published, _ := strconv.Atoi(m[1])
+		finished, _ := strconv.Atoi(m[2])
+		lag, _ := strconv.Atoi(m[3])
+		if lag != max(published-finished, 0) {
+			t.Errorf("progress %q: lag %d disagrees with published %d and finished %d", m[0], lag, published, finished)
+		}
+	}
+	if last := progress[len(progress)-1]; last[2] != "100" || last[3] != "0" || last[4] != "100" {
+		t.Errorf("last progress line %q, want 100 finished, lag 0, 100 committed", last[0])
+	}
 }
 
 func TestDemo_WithoutPostgreSQLSaysHowToGetOne(t *testing.T) {

@@ -16,8 +16,7 @@ replication, no quotas, listening on 127.0.0.1 only). billing and
 'billing produce' reach it over TCP exactly as they reach Kafka.
 
 It creates the order topic and its dead-letter topic (KAFKA_TOPIC and
-KAFKA_DLQ_TOPIC, default orders.confirmed and orders.confirmed.dlq) unless
-they exist. Everything is kept in memory and lost on exit, unless --data-dir
+KAFKA_DLQ_TOPIC) unless they exist. Everything is kept in memory and lost on exit, unless --data-dir
 is given: then topics, messages and committed offsets survive a restart with
 the same directory.
 
@@ -25,7 +24,9 @@ Runs until SIGINT or SIGTERM.`
 
 // devkafkaCmd runs the embedded broker until ctx is done.
 func devkafkaCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("devkafka", "[flags]", devkafkaHelp)
+	var k config.Topics
+	fs := newFlagSet("devkafka", about{synopsis: "[flags]", description: devkafkaHelp, env: &k,
+		example: "billing devkafka --data-dir .devkafka"})
 	port := fs.Int("port", 9092, "port to listen on, on 127.0.0.1 (0 picks a free one)")
 	partitions := fs.Int("partitions", 6, "partitions of each topic it creates")
 	dataDir := fs.String("data-dir", "", "directory to persist topics, messages and committed offsets in (default: memory only)")
@@ -38,7 +39,6 @@ func devkafkaCmd(ctx context.Context, args []string, environ map[string]string, 
 	if *partitions < 1 || *partitions > 10000 {
 		return fmt.Errorf("devkafka: --partitions %d is outside 1..10000", *partitions)
 	}
-	var k config.Kafka
 	if err := config.Load(environ, &k); err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"slices"
 	"strings"
 
@@ -57,24 +56,24 @@ own (--group) only after each republished message was acknowledged, so a
 run that stopped is resumed by the next one with the same flags, and a
 committed message is never republished. With --reason the default group is
 named after the reason, so that the messages passed over stay there for a
-replay of their own reason.
-
-Reads the KAFKA_* variables, as serve does.`
+replay of their own reason. It reads the Kafka settings as serve does.`
 
 // reasonCodes are the x-dlq-reason codes billing writes.
 var reasonCodes = []string{billing.CodeInvalidEvent, billing.CodeStaleEvent, billing.CodePayloadMismatch, billing.CodeProviderRejected}
 
 // dlqConfig is what dlq replay reads from the environment.
 type dlqConfig struct {
-	Kafka    config.Kafka
-	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
+	Kafka config.Kafka
+	Log   config.Log
 }
 
-func (c *dlqConfig) Validate() error { return c.Kafka.Validate() }
+func (c *dlqConfig) Validate() error { return errors.Join(c.Kafka.Validate(), c.Log.Validate()) }
 
 // dlqReplayCmd republishes parked messages.
 func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("dlq replay", "[flags]", dlqReplayHelp)
+	var cfg dlqConfig
+	fs := newFlagSet("dlq replay", about{synopsis: "[flags]", description: dlqReplayHelp, env: &cfg,
+		example: "KAFKA_BROKERS=kafka-1:9092 billing dlq replay --reason provider-rejected --dry-run"})
 	reason := fs.String("reason", "", "replay only the messages whose x-dlq-reason code is this: "+strings.Join(reasonCodes, ", ")+" (default: all)")
 	dryRun := fs.Bool("dry-run", false, "list what would be replayed; publish and commit nothing")
 	maxN := fs.Int("max", 0, "republish at most this many messages, then stop (0: no limit); a later run goes on")
@@ -88,7 +87,6 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 	if *maxN < 0 {
 		return errors.New("dlq replay: --max must not be negative")
 	}
-	var cfg dlqConfig
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
@@ -103,7 +101,7 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 		// assignment, and its offsets are those of the order topic.
 		return fmt.Errorf("dlq replay: --group must not be KAFKA_GROUP_ID (%s), the service's own group", cfg.Kafka.GroupID)
 	}
-	log := newLogger(stderr, cfg.LogLevel)
+	log := newLogger(stderr, cfg.Log)
 	log.Info("dlq replay starting", "version", version, "kafka", cfg.Kafka, "group", *group,
 		"reason", *reason, "dry_run", *dryRun, "max", *maxN)
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"example.com/billing/internal/config"
 	"example.com/billing/internal/fakepsp"
 )
 
@@ -22,15 +23,24 @@ Besides the charge call it serves, for tests and for looking around:
   GET /_stats       what it did (requests, charges, declines, replays, ...)
   POST /_down, /_up switch it off and on; GET/PUT /_faults change the faults
 
-The API key is read from the environment, PAYMENT_API_KEY (never a flag, as
-flags show in ps); when set, POST /v1/charges requires
-"Authorization: Bearer <key>".
+The API key is read from the environment (never a flag, as flags show in
+ps).
 
 Runs until SIGINT or SIGTERM.`
 
+// fakepspConfig is what fakepsp reads from the environment.
+type fakepspConfig struct {
+	APIKey string `env:"PAYMENT_API_KEY" help:"when set, POST /v1/charges requires Authorization: Bearer <key>, as billing sends it"`
+}
+
+// Validate accepts any key.
+func (c *fakepspConfig) Validate() error { return nil }
+
 // fakepspCmd serves the fake payment provider until ctx is done.
 func fakepspCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("fakepsp", "[flags]", fakepspHelp)
+	var cfg fakepspConfig
+	fs := newFlagSet("fakepsp", about{synopsis: "[flags]", description: fakepspHelp, env: &cfg,
+		example: "billing fakepsp --decline-every 20 --latency 50ms --fail-rate 0.1"})
 	addr := fs.String("addr", "127.0.0.1:8081", "address to listen on")
 	var opts fakepsp.Options
 	fs.DurationVar(&opts.Latency, "latency", 0, "added to every charge request before it is answered")
@@ -45,7 +55,10 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	if err := opts.Validate(); err != nil {
 		return fmt.Errorf("fakepsp: bad flag: %w", err)
 	}
-	opts.APIKey = environ["PAYMENT_API_KEY"]
+	if err := config.Load(environ, &cfg); err != nil {
+		return err
+	}
+	opts.APIKey = cfg.APIKey
 
 	psp, err := startFakePSP(*addr, opts)
 	if err != nil {

@@ -6,19 +6,62 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"example.com/billing/internal/config"
 )
 
-// newFlagSet returns the flag set of `billing <name>`, whose -h prints
-// synopsis, description and the flags.
-func newFlagSet(name, synopsis, description string) *flag.FlagSet {
+// about is what `billing <command> -h` says about a command besides its
+// flags.
+type about struct {
+	synopsis    string // after "billing <command>", e.g. "[flags]"
+	description string
+	// env is the configuration the command loads from the environment (a
+	// pointer to its struct), nil when it reads none. Its variables are
+	// listed from the struct tags, so that the help cannot drift from what
+	// the command reads.
+	env     any
+	example string
+}
+
+// newFlagSet returns the flag set of `billing <name>`, whose -h prints the
+// synopsis, the description, the flags, the environment variables with
+// their defaults and meaning, and an example.
+func newFlagSet(name string, h about) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.Usage = func() {
 		w := fs.Output()
-		fmt.Fprintf(w, "Usage: billing %s %s\n\n%s\n", name, synopsis, strings.TrimSpace(description))
-		fmt.Fprintln(w, "\nFlags:")
-		fs.PrintDefaults()
+		fmt.Fprintf(w, "Usage: billing %s\n\n%s\n", strings.TrimSpace(name+" "+h.synopsis), strings.TrimSpace(h.description))
+		hasFlags := false
+		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+		if hasFlags {
+			fmt.Fprintln(w, "\nFlags:")
+			fs.PrintDefaults()
+		}
+		if h.env != nil {
+			printEnv(w, h.env)
+		}
+		if h.example != "" {
+			fmt.Fprintf(w, "\nExample:\n  %s\n", strings.TrimSpace(h.example))
+		}
 	}
 	return fs
+}
+
+// printEnv lists the variables of the configuration cfg in flag.PrintDefaults'
+// layout: NAME=default (or "(required)"), then the meaning.
+func printEnv(w io.Writer, cfg any) {
+	fmt.Fprintln(w, "\nEnvironment (NAME=default):")
+	for _, v := range config.Vars(cfg) {
+		switch {
+		case v.Required:
+			fmt.Fprintf(w, "  %s (required)\n", v.Name)
+		case v.Default != "":
+			fmt.Fprintf(w, "  %s=%s\n", v.Name, v.Default)
+		default:
+			fmt.Fprintf(w, "  %s\n", v.Name)
+		}
+		fmt.Fprintf(w, "    \t%s\n", v.Help)
+	}
 }
 
 // parseSubcommandFlags parses args into fs. It reports help=true when -h
@@ -36,7 +79,7 @@ func parseSubcommandFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (he
 		return false, fmt.Errorf("%s: %w (see billing %s -h)", fs.Name(), err, fs.Name())
 	}
 	if fs.NArg() > 0 {
-		return false, fmt.Errorf("%s takes no arguments, got %s", fs.Name(), strings.Join(fs.Args(), " "))
+		return false, fmt.Errorf("%s takes no arguments, got %s (see billing %s -h)", fs.Name(), strings.Join(fs.Args(), " "), fs.Name())
 	}
 	return false, nil
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -14,29 +13,38 @@ import (
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 )
 
-// maintain runs billing's maintenance once, for a Kubernetes CronJob, and
-// prints what it did as JSON:
-//   - dedup-store retention: it creates processed_event partitions ahead and
-//     drops the expired ones (serve does the same every
-//     DEDUP_MAINTENANCE_INTERVAL; an advisory lock lets one of them work at
-//     a time);
-//   - charge attempts: it reports the pending ones and those past the
-//     provider's idempotency window and, with PAYMENT_BASE_URL set,
-//     completes the ones idle for PAYMENT_RECOVER_AFTER (serve does that
-//     too; several at once is safe).
+const maintainHelp = `
+Runs billing's maintenance once, for a Kubernetes CronJob, and prints what
+it did as JSON on stdout:
+  - the dedup store's retention: creates processed_event's daily partitions
+    DEDUP_PARTITIONS_AHEAD days ahead and drops those older than
+    DEDUP_RETENTION;
+  - the outbox's retention: creates its partitions ahead and drops the days
+    older than OUTBOX_RETENTION whose outcome events are all published;
+  - charge attempts: reports those pending and those older than
+    PAYMENT_IDEMPOTENCY_WINDOW (never retried: they need a human) and, with
+    PAYMENT_BASE_URL set, completes the ones nobody worked on for
+    PAYMENT_RECOVER_AFTER.
+serve does the same on its own schedule; advisory locks and leases let
+several maintainers run at once.`
+
+// maintain runs billing's maintenance once.
 func maintain(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
-	if err := noArgs("maintain", args); err != nil {
+	var cfg config.Maintain
+	fs := newFlagSet("maintain", about{description: maintainHelp, env: &cfg,
+		example: `DATABASE_URL='postgres://billing:secret@db:5432/billing?sslmode=verify-full' DEDUP_RETENTION=720h billing maintain`})
+	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
-	var cfg config.Maintain
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
-	log := newLogger(stderr, slog.LevelInfo)
+	log := newLogger(stderr, cfg.Log)
 	db, err := postgres.Open(cfg.Database.URL, 2)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
@@ -55,7 +63,12 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 		log.Info("another maintainer is running; nothing to do")
 	}
 
-	pay := cfg.Payment.Payment()
+	orep, err := outbox.NewRetention(db, cfg.Outbox.Retention, cfg.Dedup.PartitionsAhead, log).Run(ctx)
+	if err != nil {
+		return err
+	}
+
+	pay := cfg.Payment
 	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, ProviderWindow: pay.IdempotencyWindow}
 	var attempts billing.RecoveryReport
 	if pay.BaseURL == "" {
@@ -74,6 +87,7 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 	}
 	return json.NewEncoder(stdout).Encode(struct {
 		dedup.Report
+		Outbox   outbox.RetentionReport `json:"outbox"`
 		Attempts billing.RecoveryReport `json:"chargeAttempts"`
-	}{rep, attempts})
+	}{rep, orep, attempts})
 }

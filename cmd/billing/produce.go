@@ -20,9 +20,10 @@ import (
 
 const produceHelp = `
 Publishes order.confirmed.v1 events to KAFKA_TOPIC, keyed by order id, with
-an idempotent producer that waits for all in-sync replicas (acks=all). The
-Kafka settings are serve's: KAFKA_BROKERS, KAFKA_TOPIC, KAFKA_TLS_*,
-KAFKA_SASL_* (see README.md).
+an idempotent producer that waits for all in-sync replicas (acks=all). It
+reads the Kafka settings as serve does (it has no use for the group ones),
+and the standard OTEL_* variables: with OTEL_EXPORTER_OTLP_ENDPOINT set,
+each message carries the traceparent of its producer span.
 
 The mix: --duplicates re-send earlier events byte for byte (some right
 after, some much later); --invalid are values billing must reject and park
@@ -49,7 +50,9 @@ type produceSummary struct {
 
 // produceCmd publishes generated events.
 func produceCmd(ctx context.Context, args []string, environ map[string]string, stdout io.Writer) error {
-	fs := newFlagSet("produce", "[flags]", produceHelp)
+	var k config.Kafka
+	fs := newFlagSet("produce", about{synopsis: "[flags]", description: produceHelp, env: &k,
+		example: "KAFKA_BROKERS=127.0.0.1:9092 billing produce --count 5000 --rate 500 --duplicates 0.1 --invalid 0.02"})
 	var opts loadgen.Options
 	fs.IntVar(&opts.Count, "count", 1000, "messages to publish, duplicates and invalid ones included")
 	rate := fs.Float64("rate", 0, "messages per second; 0 = as fast as possible")
@@ -80,7 +83,6 @@ func produceCmd(ctx context.Context, args []string, environ map[string]string, s
 		return fmt.Errorf("produce: %w", err)
 	}
 
-	var k config.Kafka
 	if err := config.Load(environ, &k); err != nil {
 		return err
 	}

@@ -2,9 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"time"
 
 	"example.com/billing/internal/config"
@@ -29,7 +29,6 @@ and billing maintain complete them) is reported with the provider's charge
 if it has one: past PAYMENT_IDEMPOTENCY_WINDOW it is never retried and
 needs a human.
 
-Reads DATABASE_URL, PAYMENT_BASE_URL, PAYMENT_API_KEY and PAYMENT_TIMEOUT.
 Exits 0 when both sides agree, 2 when they differ, 1 when it could not
 run; the report is on stdout either way.`
 
@@ -55,18 +54,18 @@ func (e *exitError) ExitCode() int { return e.code }
 type reconcileConfig struct {
 	Database config.Database
 	Payment  config.Payment
+	Log      config.Log
 }
 
 func (c *reconcileConfig) Validate() error {
-	if err := c.Database.Validate(); err != nil {
-		return err
-	}
-	return c.Payment.Validate()
+	return errors.Join(c.Database.Validate(), c.Payment.Validate(), c.Log.Validate())
 }
 
 // reconcileCmd compares the charge table with the provider's charges.
 func reconcileCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("reconcile", "[flags]", reconcileHelp)
+	var cfg reconcileConfig
+	fs := newFlagSet("reconcile", about{synopsis: "[flags]", description: reconcileHelp, env: &cfg,
+		example: "DATABASE_URL=... PAYMENT_BASE_URL=https://psp.example.com PAYMENT_API_KEY=sk_live_... billing reconcile --from 2026-01-01T00:00:00Z --format json"})
 	fromFlag := fs.String("from", "", "start of the window, RFC 3339 (default: --to minus 24h)")
 	toFlag := fs.String("to", "", "end of the window, exclusive, RFC 3339 (default: now minus --settle)")
 	settle := fs.Duration("settle", 5*time.Minute,
@@ -88,11 +87,10 @@ func reconcileCmd(ctx context.Context, args []string, environ map[string]string,
 		return err
 	}
 
-	var cfg reconcileConfig
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
-	log := newLogger(stderr, slog.LevelInfo)
+	log := newLogger(stderr, cfg.Log)
 	if settled := time.Now().Add(-*settle); win.To.After(settled) {
 		log.Warn("the window ends less than --settle ago: a charge still in flight shows as missing in the database",
 			"to", win.To, "settle", settle.String())

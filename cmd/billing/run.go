@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
+	"time"
+
+	"example.com/billing/internal/config"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=...".
@@ -26,10 +28,12 @@ Commands:
   fakepsp    a fake payment provider with idempotency and fault injection
   reconcile  compare the charge table with the provider's charges of a window; non-zero exit when they differ
   dlq replay republish parked dead-letter messages, unchanged, to the topic they came from
-  version    print the version
+  version    print the version (also --version, -v)
+  help       this text; billing help <command> describes a command
 
-Configuration comes from the environment; see README.md. demo, produce,
-devkafka, fakepsp, reconcile and dlq replay describe their flags with -h.
+'billing help <command>' or 'billing <command> -h' describes a command: its
+flags, the environment variables it reads with their defaults, and an
+example. docs/configuration.md lists every variable of every command.
 `
 
 // errUsage reports a command line that names no known command.
@@ -45,11 +49,11 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	cmd, rest := args[1], args[2:]
 	switch cmd {
 	case "serve":
-		return serve(ctx, rest, environ, stderr)
+		return serve(ctx, rest, environ, stdout, stderr)
 	case "maintain":
 		return maintain(ctx, rest, environ, stdout, stderr)
 	case "migrate":
-		return migrate(ctx, rest, environ, stderr)
+		return migrate(ctx, rest, environ, stdout, stderr)
 	case "demo":
 		return demoCmd(ctx, args[0], rest, environ, stdout)
 	case "produce":
@@ -62,26 +66,62 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return reconcileCmd(ctx, rest, environ, stdout, stderr)
 	case "dlq":
 		return dlqCmd(ctx, rest, environ, stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, version)
-		return nil
+	case "version", "--version", "-v":
+		return versionCmd(rest, stdout)
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return nil
+		if len(rest) == 0 || rest[0] == "help" {
+			fmt.Fprint(stdout, usage)
+			return nil
+		}
+		// billing help <command> is billing <command> -h.
+		return run(ctx, append(append([]string{args[0]}, rest...), "-h"), environ, stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q", cmd)
 }
 
-// newLogger returns a JSON logger at level, the format log pipelines parse.
-func newLogger(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+// versionCmd prints the version.
+func versionCmd(args []string, stdout io.Writer) error {
+	fs := newFlagSet("version", about{description: `
+Prints the version of this binary: the git description it was built from
+(make build stamps it), or "dev".`})
+	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, version)
+	return nil
 }
 
-// noArgs rejects positional arguments a command does not take.
-func noArgs(cmd string, args []string) error {
-	if len(args) > 0 {
-		return fmt.Errorf("%s takes no arguments, got %s", cmd, strings.Join(args, " "))
+// newLogger returns a command's logger: JSON lines, the format log
+// pipelines parse, or text for people (LOG_FORMAT), at LOG_LEVEL.
+func newLogger(w io.Writer, c config.Log) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.Level, ReplaceAttr: durationAsText}
+	if c.Format == config.LogText {
+		return slog.New(slog.NewTextHandler(w, opts))
 	}
-	return nil
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// durationAsText writes a time.Duration as text (1.36s) in every log line,
+// whoever logged it: the JSON handler would write nanoseconds
+// (1357137935), which nobody reads at a glance. It is the one place that
+// does it, so that a new attribute cannot forget.
+func durationAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(roughly(a.Value.Duration()).String())
+	}
+	return a
+}
+
+// roughly drops the digits of d that say nothing to a reader of a log:
+// 1.357137935s becomes 1.36s, 12.3456ms 12.35ms; whole durations such as
+// 168h stay as they are.
+func roughly(d time.Duration) time.Duration {
+	switch abs := d.Abs(); {
+	case abs >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case abs >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	}
+	return d
 }

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,19 +32,76 @@ import (
 	"example.com/billing/internal/tracing"
 )
 
+const serveHelp = `
+Consumes order.confirmed.v1 events from KAFKA_TOPIC and charges each order
+exactly once in effect; serves GET /healthz, /readyz and /metrics on
+HTTP_ADDR. It runs until SIGTERM or SIGINT, then lets in-flight work finish
+(at most DRAIN_TIMEOUT), commits the finished offsets and exits 0.
+
+The database must be migrated to this binary's schema first (billing
+migrate). The configuration is read from the environment once, at start;
+every missing or bad variable is reported at once. Tracing is off unless
+OTEL_EXPORTER_OTLP_ENDPOINT is set (the standard OTEL_* variables apply).
+Logs go to stderr.`
+
+const serveExample = `DATABASE_URL='postgres://billing:secret@db:5432/billing?sslmode=verify-full' \
+  PAYMENT_BASE_URL=https://psp.example.com PAYMENT_API_KEY=sk_live_... \
+  KAFKA_BROKERS=kafka-1:9092,kafka-2:9092 billing serve`
+
 // serve runs the consumer and the HTTP server until ctx is done, then
 // drains and returns nil.
-func serve(ctx context.Context, args []string, environ map[string]string, logw io.Writer) error {
-	if err := noArgs("serve", args); err != nil {
+func serve(ctx context.Context, args []string, environ map[string]string, stdout, logw io.Writer) error {
+	var cfg config.Serve
+	fs := newFlagSet("serve", about{description: serveHelp, env: &cfg, example: serveExample})
+	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
-	var cfg config.Serve
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
-	log := newLogger(logw, cfg.LogLevel)
+	log := newLogger(logw, cfg.Log)
 	log.Info("billing starting", "version", version, "config", cfg)
 
+	// SIGTERM must end the process within DRAIN_TIMEOUT + 5s, whatever the
+	// broker or the database do: the deployment's grace period is sized from
+	// it, and a process killed at its end stops without its last log line.
+	// Nothing guarantees that on its own: sarama's calls take no context and
+	// can wait on a silent broker for minutes, and a query cut off by ctx
+	// still waits for a database that does not answer. So the service runs
+	// on its own, and serve stops waiting for it when the bound is reached:
+	// what is unfinished then was not marked, and is redelivered.
+	stopped := make(chan error, 1)
+	go func() { stopped <- runService(ctx, cfg, environ, log) }()
+	var err error
+	select {
+	case err = <-stopped:
+	case <-ctx.Done():
+		select {
+		case err = <-stopped:
+		case <-time.After(cfg.Consumer.DrainTimeout + shutdownSlack):
+			log.Error("shutdown did not finish in time (the broker or the database does not answer); exiting without waiting any longer: unfinished messages were not committed and will be redelivered",
+				"waited", cfg.Consumer.DrainTimeout+shutdownSlack, "drain_timeout", cfg.Consumer.DrainTimeout)
+		}
+	}
+	if ctx.Err() == nil {
+		return err // the service failed: not a shutdown
+	}
+	if err != nil {
+		log.Warn("error while stopping", "err", err)
+	}
+	log.Info("billing stopped")
+	return nil
+}
+
+// shutdownSlack is how long, beyond DRAIN_TIMEOUT, serve waits for the
+// service to stop after SIGTERM: the offsets' last commit and leaving the
+// group, with a second to spare for the process to exit within
+// DRAIN_TIMEOUT + 5s.
+const shutdownSlack = 4 * time.Second
+
+// runService runs the consumer and the HTTP server until ctx is done, then
+// drains. It returns nil when ctx ended, also while it was still starting.
+func runService(ctx context.Context, cfg config.Serve, environ map[string]string, log *slog.Logger) error {
 	// --- Tracing: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set.
 	tp, stopTracing, err := tracing.NewProvider(ctx, environ, version)
 	if err != nil {
@@ -69,13 +127,21 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	}
 	defer db.Close()
 	reg.MustRegister(collectors.NewDBStatsCollector(db.DB, "billing"))
+	schema, err := postgres.Version()
+	if err != nil {
+		return err
+	}
 
 	// --- HTTP first, so that liveness answers while dependencies come up.
 	var consumer atomic.Pointer[kafka.Consumer]
-	ready := server.Readiness{DB: db, Consumer: func() bool {
-		c := consumer.Load()
-		return c != nil && c.Ready()
-	}}
+	ready := server.Readiness{
+		SchemaVersion: func(ctx context.Context) (int64, error) { return postgres.SchemaVersion(ctx, db) },
+		WantSchema:    schema,
+		Consumer: func() bool {
+			c := consumer.Load()
+			return c != nil && c.Ready()
+		},
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stopHTTP, err := startHTTP(cfg.HTTPAddr, server.NewHandler(ready, reg, log), log, cancel)
@@ -84,7 +150,7 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	}
 	defer stopHTTP()
 
-	if err := waitForDatabase(ctx, db, log); err != nil {
+	if err := waitForSchema(ctx, db, schema, log); err != nil || ctx.Err() != nil {
 		return err
 	}
 
@@ -92,13 +158,13 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	// expired ones dropped. One replica of many does the work (advisory
 	// locks); the others skip.
 	retention := dedup.NewRetention(db, cfg.Dedup.Retention, cfg.Dedup.PartitionsAhead, m, log)
-	outboxRetention := outbox.NewRetention(db, cfg.Dedup.OutboxRetention, cfg.Dedup.PartitionsAhead, log)
+	outboxRetention := outbox.NewRetention(db, cfg.Outbox.Retention, cfg.Dedup.PartitionsAhead, log)
 	maintain := func(ctx context.Context) error {
 		_, err := retention.Run(ctx)
 		_, oerr := outboxRetention.Run(ctx)
 		return errors.Join(err, oerr)
 	}
-	if err := maintain(ctx); err != nil {
+	if err := maintain(ctx); err != nil && ctx.Err() == nil {
 		log.Warn("maintenance failed at start; the writers create missing partitions themselves", "err", err)
 	}
 	var maintenance sync.WaitGroup
@@ -106,22 +172,33 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	maintenance.Go(func() { every(ctx, cfg.Dedup.MaintenanceInterval, "maintenance", log, maintain) })
 
 	// --- Kafka: the consumer's client and the dead-letter producer.
+	brokers := cfg.Kafka.Brokers
 	client, err := connectKafka(ctx, cfg.Kafka, cfg.Consumer, log)
-	if err != nil || client == nil {
-		return err
+	if err != nil {
+		return ignoreStop(ctx, err)
 	}
 	defer client.Close()
-	outcomeMaxBytes, err := checkTopics(client, cfg, m, log)
+	outcomeMaxBytes, err := awaitKafka(ctx, log, brokers, "the topics' settings", func() (int, error) {
+		return checkTopics(client, cfg, m, log)
+	}, nil)
 	if err != nil {
-		return err
+		return ignoreStop(ctx, err)
+	}
+	if _, err := awaitKafka(ctx, log, brokers, "the consumer group's committed offsets", func() (struct{}, error) {
+		logStart(client, cfg.Kafka, log)
+		return struct{}{}, nil
+	}, nil); err != nil {
+		return ignoreStop(ctx, err)
 	}
 	producerCfg, err := kafka.DLQProducerConfig(cfg.Kafka)
 	if err != nil {
 		return err
 	}
-	producer, err := sarama.NewSyncProducer(cfg.Kafka.Brokers, producerCfg)
+	producer, err := awaitKafka(ctx, log, brokers, "the dead-letter producer's connection", func() (sarama.SyncProducer, error) {
+		return sarama.NewSyncProducer(brokers, producerCfg)
+	}, func(p sarama.SyncProducer) { _ = p.Close() })
 	if err != nil {
-		return fmt.Errorf("dead-letter producer: %w", err)
+		return ignoreStop(ctx, fmt.Errorf("dead-letter producer: %w", err))
 	}
 	dlq := kafka.NewDLQ(producer, cfg.Kafka.DLQTopic, cfg.Kafka.GroupID)
 	defer dlq.Close()
@@ -175,14 +252,27 @@ func serve(ctx context.Context, args []string, environ map[string]string, logw i
 	}
 	consumer.Store(c)
 
+	var watch sync.WaitGroup
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watch.Go(func() { watchSession(watchCtx, c.Ready, log, brokers, cfg.Kafka.GroupID) })
 	if err := c.Run(ctx); err != nil {
 		log.Warn("consumer group close", "err", err)
 	}
+	stopWatch()
+	watch.Wait()
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
-	log.Info("billing stopped")
 	return nil
+}
+
+// ignoreStop returns nil when err comes from ctx ending (a shutdown while
+// starting), else err.
+func ignoreStop(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // startHTTP serves handler on addr. A server that fails later cancels ctx
@@ -206,16 +296,19 @@ func startHTTP(addr string, handler http.Handler, log *slog.Logger, fail context
 	}, nil
 }
 
-// waitForDatabase waits until the database answers. A refused password or a
-// missing database is a configuration error and stops the process; a server
-// that does not answer yet is waited for (readiness stays 503 meanwhile).
-func waitForDatabase(ctx context.Context, db *sqlx.DB, log *slog.Logger) error {
+// waitForSchema waits until the database answers, then checks that its
+// schema is the one this binary needs (want). A refused password or a
+// missing database is a configuration error and stops the process, and so
+// does a schema older than want; a server that does not answer yet is
+// waited for (readiness stays 503 meanwhile). It returns nil when ctx ends
+// first.
+func waitForSchema(ctx context.Context, db *sqlx.DB, want int64, log *slog.Logger) error {
 	retry := backoff.NewExponentialBackOff()
 	retry.MaxInterval = 10 * time.Second
 	for {
-		err := db.PingContext(ctx)
+		have, err := postgres.SchemaVersion(ctx, db)
 		if err == nil {
-			return nil
+			return checkSchema(have, want, log)
 		}
 		if postgres.IsConfigError(err) {
 			return fmt.Errorf("DATABASE_URL: %w", err)
@@ -233,8 +326,29 @@ func waitForDatabase(ctx context.Context, db *sqlx.DB, log *slog.Logger) error {
 	}
 }
 
-// connectKafka connects to the brokers, waiting while none answers. It
-// returns a nil client and no error when ctx ends first.
+// checkSchema compares the database's schema version with the binary's.
+func checkSchema(have, want int64, log *slog.Logger) error {
+	switch {
+	case have < want:
+		// Every event would fail on a missing table or column and be
+		// retried forever while /readyz said ready: refuse to start.
+		return fmt.Errorf("the database schema is at version %d, this billing needs version %d: run `billing migrate` (of this version) first", have, want)
+	case have > want:
+		// A later version migrated the database and this binary was rolled
+		// back. Migrations are additive (new tables, columns, indexes and
+		// partitions; nothing an older binary uses is dropped or renamed),
+		// so its queries still work: refusing to start would turn a
+		// rollback into an outage.
+		log.Warn("the database schema is newer than this binary (rolled back after a migration?); starting, since migrations are additive",
+			"schema_version", have, "binary_schema_version", want)
+	default:
+		log.Info("database schema up to date", "schema_version", have)
+	}
+	return nil
+}
+
+// connectKafka connects to the brokers, waiting while none answers, until
+// ctx ends.
 func connectKafka(ctx context.Context, k config.Kafka, c config.Consumer, log *slog.Logger) (sarama.Client, error) {
 	cfg, err := kafka.ConsumerConfig(k)
 	if err != nil {
@@ -251,17 +365,139 @@ func connectKafka(ctx context.Context, k config.Kafka, c config.Consumer, log *s
 	retry := backoff.NewExponentialBackOff()
 	retry.MaxInterval = 10 * time.Second
 	for {
-		client, err := sarama.NewClient(k.Brokers, cfg)
-		if err == nil {
-			return client, nil
+		client, err := awaitKafka(ctx, log, k.Brokers, "an answer to the first metadata request (connecting)", func() (sarama.Client, error) {
+			return sarama.NewClient(k.Brokers, cfg)
+		}, func(c sarama.Client) { _ = c.Close() })
+		if err == nil || ctx.Err() != nil {
+			return client, err
 		}
 		wait := retry.NextBackOff()
 		log.Warn("kafka unreachable; waiting", "brokers", k.Brokers, "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
-			return nil, nil
+			return nil, ctx.Err()
 		case <-time.After(wait):
 		}
+	}
+}
+
+// Reports while waiting for Kafka: the first after firstReport, then at
+// doubling intervals up to maxReport.
+const (
+	firstReport = 5 * time.Second
+	maxReport   = time.Minute
+)
+
+// awaitKafka runs step, a call into sarama, and returns its answer. sarama's
+// calls take no context, and one can wait for minutes on a broker that
+// accepts connections and never answers (each request up to
+// Net.ReadTimeout, per broker, per retry), so awaitKafka says what it is
+// waiting for, on which brokers, after firstReport and then with backoff:
+// a hang is never silent. When ctx ends first it returns ctx's error at
+// once; step finishes in the background, and release (when not nil) frees
+// what it made.
+func awaitKafka[T any](ctx context.Context, log *slog.Logger, brokers []string, what string, step func() (T, error), release func(T)) (T, error) {
+	type answer struct {
+		v   T
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		v, err := step()
+		answered <- answer{v, err}
+	}()
+	began := time.Now()
+	every := firstReport
+	report := time.NewTimer(every)
+	defer report.Stop()
+	for {
+		select {
+		case a := <-answered:
+			return a.v, a.err
+		case <-ctx.Done():
+			if release != nil {
+				go func() {
+					if a := <-answered; a.err == nil {
+						release(a.v)
+					}
+				}()
+			}
+			var zero T
+			return zero, ctx.Err()
+		case <-report.C:
+			log.Warn("waiting for Kafka: no answer yet", "brokers", brokers, "waiting_for", what, "waited", time.Since(began))
+			every = min(2*every, maxReport)
+			report.Reset(every)
+		}
+	}
+}
+
+// watchSession says, after firstReport and then with backoff, that the
+// consumer is waiting for a group session while it has none: joining can
+// wait on a broker that does not answer, or on a rebalance that does not
+// end, and /readyz alone would not say why.
+func watchSession(ctx context.Context, ready func() bool, log *slog.Logger, brokers []string, group string) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var since time.Time // when the session was lost; zero while there is one
+	next, gap := firstReport, firstReport
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			switch {
+			case ready():
+				since, next, gap = time.Time{}, firstReport, firstReport
+			case since.IsZero():
+				since = now
+			case now.Sub(since) >= next:
+				log.Warn("waiting for Kafka: no consumer group session yet", "brokers", brokers, "group", group, "waited", now.Sub(since))
+				gap = min(2*gap, maxReport)
+				next += gap
+			}
+		}
+	}
+}
+
+// logStart says where the consumer group starts reading. A group without
+// committed offsets starts at the oldest offset of every partition: the
+// whole topic is processed again. processed_event is per group, so its
+// events are claimed again; an order already charged is not charged twice
+// (outcome already_charged), but every invalid message is parked in the
+// dead-letter topic once more. A new KAFKA_GROUP_ID next to an existing
+// one is a decision to make knowingly.
+func logStart(client sarama.Client, k config.Kafka, log *slog.Logger) {
+	committed, err := kafka.CommittedOffsets(client, k.GroupID, k.Topic)
+	if err != nil {
+		log.Warn("cannot read the consumer group's committed offsets", "group", k.GroupID, "err", err)
+		return
+	}
+	var fresh []int32
+	var reprocess int64
+	for p, offset := range committed {
+		if offset >= 0 {
+			continue
+		}
+		fresh = append(fresh, p)
+		oldest, err1 := client.GetOffset(k.Topic, p, sarama.OffsetOldest)
+		newest, err2 := client.GetOffset(k.Topic, p, sarama.OffsetNewest)
+		if err1 == nil && err2 == nil {
+			reprocess += newest - oldest
+		}
+	}
+	slices.Sort(fresh)
+	switch {
+	case len(fresh) == 0:
+		log.Info("consumer group resumes from its committed offsets", "group", k.GroupID, "topic", k.Topic)
+	case len(fresh) == len(committed) && reprocess == 0:
+		log.Info("new consumer group: it starts from the oldest offset of the topic, which holds no message", "group", k.GroupID, "topic", k.Topic)
+	case len(fresh) == len(committed):
+		log.Warn("new consumer group: it starts from the oldest offset, so every message on the topic is processed; if another group processed them already, orders already charged are not charged again, but invalid messages are parked in the dead-letter topic again",
+			"group", k.GroupID, "topic", k.Topic, "messages", reprocess)
+	default:
+		log.Info("consumer group resumes from its committed offsets; partitions without one start from their oldest offset",
+			"group", k.GroupID, "topic", k.Topic, "from_oldest", fresh, "messages", reprocess)
 	}
 }
 

@@ -459,7 +459,7 @@ func configFor(cmd string) config.Validator {
 	case "serve":
 		return &config.Serve{}
 	case "migrate":
-		return &config.Database{}
+		return &config.Migrate{}
 	case "maintain":
 		return &config.Maintain{}
 	case "produce", "devkafka":

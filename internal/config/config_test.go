@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,7 @@ var settings = []setting{
 	{"KAFKA_TOPIC", func(c config.Serve) any { return c.Kafka.Topic }},
 	{"KAFKA_GROUP_ID", func(c config.Serve) any { return c.Kafka.GroupID }},
 	{"KAFKA_DLQ_TOPIC", func(c config.Serve) any { return c.Kafka.DLQTopic }},
+	{"KAFKA_OUTCOME_TOPIC", func(c config.Serve) any { return c.Kafka.OutcomeTopic }},
 	{"KAFKA_CLIENT_ID", func(c config.Serve) any { return c.Kafka.ClientID }},
 	{"KAFKA_INSTANCE_ID", func(c config.Serve) any { return c.Kafka.InstanceID }},
 	{"KAFKA_VERSION", func(c config.Serve) any { return c.Kafka.Version }},
@@ -95,10 +97,12 @@ var settings = []setting{
 	{"PAYMENT_MAX_RPS", func(c config.Serve) any { return c.Payment.MaxRPS }},
 	{"PAYMENT_IDEMPOTENCY_WINDOW", func(c config.Serve) any { return c.Payment.IdempotencyWindow }},
 	{"PAYMENT_RECOVER_AFTER", func(c config.Serve) any { return c.Payment.RecoverAfter }},
+	{"OUTBOX_RETENTION", func(c config.Serve) any { return c.Outbox.Retention }},
 	{"HTTP_ADDR", func(c config.Serve) any { return c.HTTPAddr }},
 	{"DEDUP_RETENTION", func(c config.Serve) any { return c.Dedup.Retention }},
 	{"DEDUP_ALLOW_SHORT_RETENTION", func(c config.Serve) any { return c.Dedup.AllowShortRetention }},
-	{"LOG_LEVEL", func(c config.Serve) any { return c.LogLevel }},
+	{"LOG_LEVEL", func(c config.Serve) any { return c.Log.Level }},
+	{"LOG_FORMAT", func(c config.Serve) any { return c.Log.Format }},
 	{"MAX_IN_FLIGHT", func(c config.Serve) any { return c.Consumer.MaxInFlight }},
 	{"CONSUMER_LANES", func(c config.Serve) any { return c.Consumer.Lanes }},
 	{"CONSUMER_BATCH_MAX", func(c config.Serve) any { return c.Consumer.BatchMax }},
@@ -131,6 +135,7 @@ func TestLoad_Defaults(t *testing.T) {
 			"KAFKA_TOPIC":                 "orders.confirmed",
 			"KAFKA_GROUP_ID":              "billing-order-confirmed",
 			"KAFKA_DLQ_TOPIC":             "orders.confirmed.dlq",
+			"KAFKA_OUTCOME_TOPIC":         "payments.settled",
 			"KAFKA_CLIENT_ID":             "billing",
 			"KAFKA_INSTANCE_ID":           "",
 			"KAFKA_VERSION":               "3.6.0",
@@ -150,10 +155,12 @@ func TestLoad_Defaults(t *testing.T) {
 			"PAYMENT_MAX_RPS":             0.0,
 			"PAYMENT_IDEMPOTENCY_WINDOW":  24 * time.Hour,
 			"PAYMENT_RECOVER_AFTER":       time.Minute, // the longer of 1m and 2 × PAYMENT_TIMEOUT
+			"OUTBOX_RETENTION":            72 * time.Hour,
 			"HTTP_ADDR":                   ":8080",
 			"DEDUP_RETENTION":             168 * time.Hour,
 			"DEDUP_ALLOW_SHORT_RETENTION": false,
 			"LOG_LEVEL":                   slog.LevelInfo,
+			"LOG_FORMAT":                  "json",
 			"MAX_IN_FLIGHT":               2 * 1024, // 2 × PAYMENT_MAX_CONCURRENCY
 			"CONSUMER_LANES":              16,
 			"CONSUMER_BATCH_MAX":          16,
@@ -174,6 +181,7 @@ func TestLoad_Values(t *testing.T) {
 			"KAFKA_TOPIC":                 "orders.v2",
 			"KAFKA_GROUP_ID":              "billing-2",
 			"KAFKA_DLQ_TOPIC":             "orders.v2.dlq",
+			"KAFKA_OUTCOME_TOPIC":         "payments.v2",
 			"KAFKA_CLIENT_ID":             "billing-pod-1",
 			"KAFKA_INSTANCE_ID":           "pod-1",
 			"KAFKA_VERSION":               "2.8.0",
@@ -193,10 +201,12 @@ func TestLoad_Values(t *testing.T) {
 			"PAYMENT_MAX_RPS":             100.0,
 			"PAYMENT_IDEMPOTENCY_WINDOW":  48 * time.Hour,
 			"PAYMENT_RECOVER_AFTER":       30 * time.Second,
+			"OUTBOX_RETENTION":            96 * time.Hour,
 			"HTTP_ADDR":                   "127.0.0.1:9000",
 			"DEDUP_RETENTION":             720 * time.Hour,
 			"DEDUP_ALLOW_SHORT_RETENTION": true,
 			"LOG_LEVEL":                   slog.LevelDebug,
+			"LOG_FORMAT":                  "text",
 			"MAX_IN_FLIGHT":               7,
 			"CONSUMER_LANES":              2,
 			"CONSUMER_BATCH_MAX":          3,
@@ -209,6 +219,7 @@ func TestLoad_Values(t *testing.T) {
 			"PAYMENT_TIMEOUT":             "3s",
 			"PAYMENT_IDEMPOTENCY_WINDOW":  "48h",
 			"PAYMENT_RECOVER_AFTER":       "30s",
+			"OUTBOX_RETENTION":            "96h",
 			"DEDUP_RETENTION":             "720h",
 			"DEDUP_ALLOW_SHORT_RETENTION": "true",
 			"LOG_LEVEL":                   "debug",
@@ -263,8 +274,8 @@ func TestLoad_Values(t *testing.T) {
 		{"OK_HTTPAddrAnyHost", []string{"HTTP_ADDR=:0"}, nil},
 		{"OK_RetentionOneDay", []string{"DEDUP_RETENTION=24h"}, nil},
 		{"OK_LogLevelUpperCase", []string{"LOG_LEVEL=WARN"}, func(t *testing.T, cfg config.Serve) {
-			if cfg.LogLevel != slog.LevelWarn {
-				t.Errorf("LogLevel = %v, want WARN", cfg.LogLevel)
+			if cfg.Log.Level != slog.LevelWarn {
+				t.Errorf("Log.Level = %v, want WARN", cfg.Log.Level)
 			}
 		}},
 		{"OK_LimitsAtBounds", []string{"DATABASE_MAX_CONNS=1000", "MAX_IN_FLIGHT=100000", "CONSUMER_LANES=1024", "CONSUMER_BATCH_MAX=1000", "PAYMENT_TIMEOUT=5m"}, nil},
@@ -342,6 +353,8 @@ func TestLoad_Errors(t *testing.T) {
 		{"ErrPaymentMaxRPSNegative", []string{"PAYMENT_MAX_RPS=-1"}, "PAYMENT_MAX_RPS", ""},
 		{"ErrPaymentWindowTooShort", []string{"PAYMENT_IDEMPOTENCY_WINDOW=10m"}, "PAYMENT_IDEMPOTENCY_WINDOW", ""},
 		{"ErrPaymentRecoverBeforeTheTimeout", []string{"PAYMENT_TIMEOUT=30s", "PAYMENT_RECOVER_AFTER=20s"}, "PAYMENT_RECOVER_AFTER", "PAYMENT_TIMEOUT"},
+		{"ErrOutcomeTopicEqualsDLQ", []string{"KAFKA_OUTCOME_TOPIC=orders.confirmed.dlq"}, "KAFKA_OUTCOME_TOPIC", ""},
+		{"ErrOutboxRetentionTooShort", []string{"OUTBOX_RETENTION=2h"}, "OUTBOX_RETENTION", ""},
 		{"ErrPaymentBaseURLEmpty", []string{"PAYMENT_BASE_URL="}, "PAYMENT_BASE_URL", ""},
 		{"ErrPaymentBaseURLFTP", []string{"PAYMENT_BASE_URL=ftp://psp.example.com"}, "PAYMENT_BASE_URL", ""},
 		{"ErrPaymentBaseURLNoScheme", []string{"PAYMENT_BASE_URL=psp.example.com"}, "PAYMENT_BASE_URL", ""},
@@ -362,6 +375,8 @@ func TestLoad_Errors(t *testing.T) {
 		{"ErrDedupRetentionUnparsable", []string{"DEDUP_RETENTION=7d"}, "DEDUP_RETENTION", ""},
 		{"ErrDedupAllowShortRetentionNotBool", []string{"DEDUP_ALLOW_SHORT_RETENTION=yes please"}, "DEDUP_ALLOW_SHORT_RETENTION", ""},
 		{"ErrLogLevelUnknown", []string{"LOG_LEVEL=verbose"}, "LOG_LEVEL", ""},
+		{"ErrLogFormatUnknown", []string{"LOG_FORMAT=logfmt"}, "LOG_FORMAT", ""},
+		{"ErrLogFormatUpperCase", []string{"LOG_FORMAT=JSON"}, "LOG_FORMAT", ""},
 		{"ErrMaxInFlightNegative", []string{"MAX_IN_FLIGHT=-1"}, "MAX_IN_FLIGHT", ""},
 		{"ErrMaxInFlightTooMany", []string{"MAX_IN_FLIGHT=100001"}, "MAX_IN_FLIGHT", ""},
 		{"ErrMaxInFlightNotNumber", []string{"MAX_IN_FLIGHT=lots"}, "MAX_IN_FLIGHT", ""},
@@ -383,18 +398,67 @@ func TestLoad_Errors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Load accepted %q", tt.env)
 			}
-			var ve *config.VarError
-			if !errors.As(err, &ve) {
-				t.Fatalf("error %q (%T) is not a *config.VarError", err, err)
-			}
-			if ve.Var != tt.wantVar {
-				t.Errorf("VarError.Var = %q, want %q (error: %v)", ve.Var, tt.wantVar, err)
-			}
+			ve := varError(t, err, tt.wantVar)
 			if !strings.Contains(err.Error(), tt.wantVar) {
 				t.Errorf("error %q does not name %s", err, tt.wantVar)
 			}
-			if tt.alsoNames != "" && !strings.Contains(err.Error(), tt.alsoNames) {
-				t.Errorf("error %q does not mention %s", err, tt.alsoNames)
+			if tt.alsoNames != "" && !strings.Contains(ve.Error(), tt.alsoNames) {
+				t.Errorf("error %q does not mention %s", ve, tt.alsoNames)
+			}
+		})
+	}
+}
+
+// varError returns the error about variable name among err's, failing the
+// test when err is not a config.Errors that names it.
+func varError(t *testing.T, err error, name string) *config.VarError {
+	t.Helper()
+	var errs config.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("error %q (%T) is not a config.Errors", err, err)
+	}
+	for _, ve := range errs {
+		if ve.Var == name {
+			return ve
+		}
+	}
+	t.Fatalf("error names %q, want %s among them (error: %v)", errs.Vars(), name, err)
+	return nil
+}
+
+// TestLoad_EveryProblemAtOnce: an operator fixing a configuration learns
+// of every bad variable in one start, in the order of the configuration,
+// each named once.
+func TestLoad_EveryProblemAtOnce(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{"ErrNothingSet", map[string]string{}, []string{"DATABASE_URL", "PAYMENT_BASE_URL"}},
+		{"ErrSeveralBad", minimalEnv(t, "KAFKA_BROKERS=", "KAFKA_TOPIC=a b", "DATABASE_MAX_CONNS=0",
+			"PAYMENT_TIMEOUT=ten", "DRAIN_TIMEOUT=soon", "LOG_FORMAT=xml", "HTTP_ADDR=8080"),
+			[]string{"KAFKA_BROKERS", "KAFKA_TOPIC", "DATABASE_MAX_CONNS", "PAYMENT_TIMEOUT", "DRAIN_TIMEOUT", "HTTP_ADDR", "LOG_FORMAT"}},
+		// A value that cannot be read is reported as such, not a second
+		// time for the zero it leaves behind.
+		{"ErrUnreadableReportedOnce", minimalEnv(t, "CONSUMER_LANES=eight"), []string{"CONSUMER_LANES"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := load(t, tt.env)
+			var errs config.Errors
+			if !errors.As(err, &errs) {
+				t.Fatalf("error %v (%T) is not a config.Errors", err, err)
+			}
+			if got := errs.Vars(); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("variables at fault = %q, want %q\n%v", got, tt.want, err)
+			}
+			for _, name := range tt.want {
+				if !strings.Contains(err.Error(), name) {
+					t.Errorf("message does not name %s:\n%v", name, err)
+				}
 			}
 		})
 	}
@@ -422,10 +486,7 @@ func TestLoad_ErrorsKeepSecrets(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			_, err := load(t, minimalEnv(t, tt.env...))
-			var ve *config.VarError
-			if !errors.As(err, &ve) || ve.Var != tt.wantVar {
-				t.Fatalf("err = %v, want a *config.VarError for %s", err, tt.wantVar)
-			}
+			varError(t, err, tt.wantVar)
 			if strings.Contains(err.Error(), secret) {
 				t.Errorf("error reveals the secret: %q", err)
 			}
@@ -493,5 +554,95 @@ func TestServe_LogValue(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestVars: every variable a command reads is explained, and Vars reports
+// what the struct tags say, so that help and docs/configuration.md, which
+// are generated from it, are right.
+func TestVars(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []any{&config.Serve{}, &config.Migrate{}, &config.Maintain{}, &config.Kafka{}, &config.Topics{}} {
+		seen := map[string]bool{}
+		for _, v := range config.Vars(cfg) {
+			if v.Help == "" {
+				t.Errorf("%T: %s has no help tag", cfg, v.Name)
+			}
+			if seen[v.Name] {
+				t.Errorf("%T: %s is declared twice", cfg, v.Name)
+			}
+			seen[v.Name] = true
+			if v.Required && v.Default != "" {
+				t.Errorf("%T: %s is required and has a default", cfg, v.Name)
+			}
+		}
+	}
+
+	byName := map[string]config.Var{}
+	for _, v := range config.Vars(config.Serve{}) {
+		byName[v.Name] = v
+	}
+	tests := []struct {
+		name string
+		want config.Var
+	}{
+		{"OK_Default", config.Var{Name: "KAFKA_BROKERS", Default: "localhost:9092"}},
+		{"OK_Required", config.Var{Name: "DATABASE_URL", Required: true}},
+		{"OK_NoDefault", config.Var{Name: "KAFKA_INSTANCE_ID"}},
+		{"OK_Embedded", config.Var{Name: "DEDUP_PARTITIONS_AHEAD", Default: "3"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := byName[tt.want.Name]
+			if !ok {
+				t.Fatalf("Vars(Serve) lacks %s", tt.want.Name)
+			}
+			got.Help = ""
+			if got != tt.want {
+				t.Errorf("Vars: %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	// Serve reads what its contract lists, and every one of them is tested
+	// above.
+	for _, s := range settings {
+		if _, ok := byName[s.name]; !ok {
+			t.Errorf("Vars(Serve) lacks %s", s.name)
+		}
+	}
+}
+
+// TestValidate_ChangesNothing: Validate only judges; defaults and tidying
+// happen in Load, so a configuration checked twice is checked the same.
+func TestValidate_ChangesNothing(t *testing.T) {
+	t.Parallel()
+	cfg := mustLoad(t, minimalEnv(t))
+	cfg.Kafka.Brokers = []string{" kafka-0:9092"}
+	cfg.Consumer.MaxInFlight = 0
+	before := cfg
+	before.Kafka.Brokers = slices.Clone(cfg.Kafka.Brokers)
+	_ = cfg.Validate()
+	if !reflect.DeepEqual(cfg, before) {
+		t.Errorf("Validate changed the configuration:\n got %+v\nwant %+v", cfg, before)
+	}
+}
+
+// TestTopics_AsKafka: devkafka creates the topics serve consumes unless
+// told otherwise, so Topics must read the same variables as Kafka, with the
+// same defaults.
+func TestTopics_AsKafka(t *testing.T) {
+	t.Parallel()
+	kafka := map[string]config.Var{}
+	for _, v := range config.Vars(config.Kafka{}) {
+		kafka[v.Name] = v
+	}
+	for _, v := range config.Vars(config.Topics{}) {
+		if v != kafka[v.Name] {
+			t.Errorf("Topics reads %+v, Kafka %+v", v, kafka[v.Name])
+		}
+	}
+	var topics config.Topics
+	if err := config.Load(map[string]string{"KAFKA_DLQ_TOPIC": "orders.confirmed"}, &topics); err == nil {
+		t.Error("Topics accepted a dead-letter topic equal to the topic")
 	}
 }

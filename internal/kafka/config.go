@@ -27,6 +27,18 @@ func NewConfig(k config.Kafka) (*sarama.Config, error) {
 	// Topics are created by their owners (deploy, devkafka), never by a
 	// typo in a consumer's configuration.
 	cfg.Metadata.AllowAutoTopicCreation = false
+	// A broker that accepts connections and never answers must not hold a
+	// metadata request for minutes. Without a Metadata.Timeout sarama tries
+	// every broker Metadata.Retry.Max+1 times, each time waiting up to
+	// Net.ReadTimeout (30 s): 2 minutes for one broker, 6 for three, before
+	// its caller hears of a failure. With it, no new attempt starts past the
+	// timeout, so a refresh fails after about one ReadTimeout and the caller
+	// reports it and retries. ReadTimeout itself stays: a JoinGroup answer
+	// can legitimately take that long. Dialling is a TCP (and TLS)
+	// handshake, for which 10 s is plenty; a broker that never accepts is
+	// then reported three times sooner.
+	cfg.Metadata.Timeout = 15 * time.Second
+	cfg.Net.DialTimeout = 10 * time.Second
 
 	if k.TLSEnabled {
 		tlsCfg, err := tlsConfig(k)

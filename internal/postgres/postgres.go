@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net/url"
-	"regexp"
 	"strings"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"example.com/billing/db/migrations"
+	"example.com/billing/internal/redact"
 )
 
 // Open validates dsn, opens a pool of at most maxConns connections and
@@ -127,22 +126,45 @@ func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) error {
 	return nil
 }
 
-var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+// versionTable is where goose records the migrations applied to a
+// database: its default name, which Migrate keeps.
+const versionTable = "goose_db_version"
 
-// urlPassword finds the password in a URL's user info where url.Parse
-// cannot help: a URL it rejects (a bad port or escape elsewhere in it), or
-// a parser's error message that quotes the URL.
-var urlPassword = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@\s"':]*:)[^\s"]*@`)
-
-// Redact returns dsn with its password masked, for logs.
-func Redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
-		if q := u.Query(); q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.Redacted()
+// Version returns the schema version this binary needs: the highest
+// migration embedded in it.
+func Version() (int64, error) {
+	entries, err := fs.ReadDir(migrations.FS, ".")
+	if err != nil {
+		return 0, fmt.Errorf("list migrations: %w", err)
 	}
-	dsn = urlPassword.ReplaceAllString(dsn, "${1}xxxxx@")
-	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
+	var latest int64
+	for _, e := range entries {
+		v, err := goose.NumericComponent(e.Name())
+		if err != nil {
+			return 0, fmt.Errorf("migration %s: %w", e.Name(), err)
+		}
+		latest = max(latest, v)
+	}
+	return latest, nil
 }
+
+// SchemaVersion returns the highest migration version applied to db, 0 when
+// none is (goose's table does not exist yet). It is one short query, cheap
+// enough for a readiness probe, and an answer also says that the database
+// is reachable. It never creates goose's table, as goose's own
+// GetDBVersion would.
+func SchemaVersion(ctx context.Context, db *sqlx.DB) (int64, error) {
+	var v sql.NullInt64
+	err := db.QueryRowContext(ctx, `SELECT max(version_id) FROM `+versionTable).Scan(&v)
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && pqErr.Code == "42P01" { // undefined_table: never migrated
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v.Int64, nil
+}
+
+// Redact returns dsn with its password masked, for logs and messages.
+func Redact(dsn string) string { return redact.DSN(dsn) }

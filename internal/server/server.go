@@ -5,6 +5,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -15,14 +16,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Pinger reaches the database.
-type Pinger interface {
-	PingContext(ctx context.Context) error
-}
-
-// Readiness is what /readyz checks besides the database.
+// Readiness is what /readyz checks.
 type Readiness struct {
-	DB Pinger
+	// SchemaVersion reads the database's schema version
+	// (postgres.SchemaVersion): an answer says that the database is
+	// reachable, its value whether the schema is the one billing needs.
+	SchemaVersion func(ctx context.Context) (int64, error)
+	// WantSchema is the schema version this binary needs.
+	WantSchema int64
 	// Consumer reports whether the consumer holds a group session.
 	Consumer func() bool
 }
@@ -47,16 +48,23 @@ func handleHealthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 }
 
-// handleReadyz answers 200 only when the database answers and the consumer
-// holds a group session, else 503 naming what is missing.
+// handleReadyz answers 200 only when the database answers with a schema
+// migrated to this binary's version (or later) and the consumer holds a
+// group session, else 503 naming what is missing. The schema is checked on
+// every probe because it can change underneath a running process (a
+// restored backup, a migration rolled back): events would then fail one by
+// one while the process looked healthy.
 func handleReadyz(ready Readiness, log *slog.Logger) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		missing := []string{}
 		ctx, cancel := context.WithTimeout(r.Context(), pingTimeout)
 		defer cancel()
-		if err := ready.DB.PingContext(ctx); err != nil {
+		switch have, err := ready.SchemaVersion(ctx); {
+		case err != nil:
 			log.Debug("readiness: database unreachable", "err", err)
 			missing = append(missing, "database")
+		case have < ready.WantSchema:
+			missing = append(missing, fmt.Sprintf("database schema: at version %d, billing needs %d (run billing migrate)", have, ready.WantSchema))
 		}
 		if !ready.Consumer() {
 			missing = append(missing, "consumer group session")
