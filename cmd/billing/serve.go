@@ -136,6 +136,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	var consumer atomic.Pointer[kafka.Consumer]
 	ready := server.Readiness{
 		SchemaVersion: func(ctx context.Context) (int64, error) { return postgres.SchemaVersion(ctx, db) },
+		Writable:      func(ctx context.Context) error { return postgres.CheckWritable(ctx, db) },
 		WantSchema:    schema,
 		Consumer: func() bool {
 			c := consumer.Load()

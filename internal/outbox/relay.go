@@ -17,6 +17,7 @@ import (
 	"github.com/lib/pq"
 
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/postgres"
 )
 
 // relayLock is the session advisory lock that makes one replica of many the
@@ -153,6 +154,12 @@ ORDER BY seq LIMIT $1`
 			case <-time.After(r.Poll):
 			}
 			continue
+		}
+		// A database that takes no writes (a standby after a failover) could
+		// not mark what was sent: sending would repeat the same rows round
+		// after round. Wait for it instead.
+		if err := postgres.CheckWritable(ctx, conn); err != nil {
+			return err
 		}
 		failed, err := r.publish(ctx, conn, firstPerOrder(rows))
 		if err != nil {

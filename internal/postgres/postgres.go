@@ -166,5 +166,25 @@ func SchemaVersion(ctx context.Context, db *sqlx.DB) (int64, error) {
 	return v.Int64, nil
 }
 
+// CheckWritable returns nil when db takes writes, else why not: a hot
+// standby (pg_is_in_recovery) behind DATABASE_URL after a failover gone
+// wrong, or a database whose sessions are read-only. billing's every event
+// writes, so such a database is as good as none: readiness says so instead
+// of every transaction failing behind a 200.
+func CheckWritable(ctx context.Context, db sqlx.QueryerContext) error {
+	var recovery bool
+	var readOnly string
+	if err := db.QueryRowxContext(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')`).Scan(&recovery, &readOnly); err != nil {
+		return fmt.Errorf("check that the database takes writes: %w", err)
+	}
+	switch {
+	case recovery:
+		return errors.New("the database is in recovery (a hot standby): it takes no writes")
+	case readOnly == "on":
+		return errors.New("the database's sessions are read-only (default_transaction_read_only): it takes no writes")
+	}
+	return nil
+}
+
 // Redact returns dsn with its password masked, for logs and messages.
 func Redact(dsn string) string { return redact.DSN(dsn) }

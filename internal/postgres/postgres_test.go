@@ -400,3 +400,27 @@ func TestIsConfigError(t *testing.T) {
 		})
 	}
 }
+
+// CheckWritable tells a database that takes writes from one whose sessions
+// are read-only (a hot standby answers the same way, through
+// pg_is_in_recovery).
+func TestCheckWritable(t *testing.T) {
+	db, _ := dbtest.New(t)
+	conn, err := db.Connx(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := postgres.CheckWritable(testCtx(t), conn); err != nil {
+		t.Fatalf("a writable database: %v", err)
+	}
+	if _, err := conn.ExecContext(testCtx(t), `SET default_transaction_read_only = on`); err != nil {
+		t.Fatal(err)
+	}
+	if err := postgres.CheckWritable(testCtx(t), conn); err == nil || !strings.Contains(err.Error(), "read-only") {
+		t.Errorf("read-only sessions: %v, want an error saying so", err)
+	}
+	if _, err := conn.ExecContext(testCtx(t), `RESET default_transaction_read_only`); err != nil {
+		t.Fatal(err)
+	}
+}

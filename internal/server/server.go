@@ -24,6 +24,9 @@ type Readiness struct {
 	SchemaVersion func(ctx context.Context) (int64, error)
 	// WantSchema is the schema version this binary needs.
 	WantSchema int64
+	// Writable says why the database takes no writes (in recovery,
+	// read-only), nil when it does (postgres.CheckWritable).
+	Writable func(ctx context.Context) error
 	// Consumer reports whether the consumer holds a group session.
 	Consumer func() bool
 }
@@ -49,8 +52,8 @@ func handleHealthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 // handleReadyz answers 200 only when the database answers with a schema
-// migrated to this binary's version (or later) and the consumer holds a
-// group session, else 503 naming what is missing. The schema is checked on
+// migrated to this binary's version (or later) and takes writes, and the
+// consumer holds a group session, else 503 naming what is missing. The schema is checked on
 // every probe because it can change underneath a running process (a
 // restored backup, a migration rolled back): events would then fail one by
 // one while the process looked healthy.
@@ -65,6 +68,10 @@ func handleReadyz(ready Readiness, log *slog.Logger) http.HandlerFunc {
 			missing = append(missing, "database")
 		case have < ready.WantSchema:
 			missing = append(missing, fmt.Sprintf("database schema: at version %d, billing needs %d (run billing migrate)", have, ready.WantSchema))
+		default:
+			if err := ready.Writable(ctx); err != nil {
+				missing = append(missing, "database writes: "+err.Error())
+			}
 		}
 		if !ready.Consumer() {
 			missing = append(missing, "consumer group session")

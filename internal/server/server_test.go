@@ -26,20 +26,23 @@ func TestReadyz(t *testing.T) {
 		name        string
 		schema      func(context.Context) (int64, error)
 		consumer    bool
+		readOnly    error
 		wantStatus  int
 		wantMissing []string
 	}{
-		{"OK_Ready", version(want, nil), true, http.StatusOK, nil},
+		{"OK_Ready", version(want, nil), true, nil, http.StatusOK, nil},
+		{"ErrDatabaseTakesNoWrites", version(want, nil), true, errors.New("in recovery"), http.StatusServiceUnavailable,
+			[]string{"database writes: in recovery"}},
 		// A binary rolled back after a migration still runs: migrations
 		// are additive.
-		{"OK_SchemaNewerThanBinary", version(want+1, nil), true, http.StatusOK, nil},
-		{"ErrDatabaseDown", version(0, errors.New("connection refused")), true, http.StatusServiceUnavailable, []string{"database"}},
-		{"ErrSchemaBehind", version(want-1, nil), true, http.StatusServiceUnavailable,
+		{"OK_SchemaNewerThanBinary", version(want+1, nil), true, nil, http.StatusOK, nil},
+		{"ErrDatabaseDown", version(0, errors.New("connection refused")), true, nil, http.StatusServiceUnavailable, []string{"database"}},
+		{"ErrSchemaBehind", version(want-1, nil), true, nil, http.StatusServiceUnavailable,
 			[]string{"database schema: at version 2, billing needs 3 (run billing migrate)"}},
-		{"ErrNeverMigrated", version(0, nil), true, http.StatusServiceUnavailable,
+		{"ErrNeverMigrated", version(0, nil), true, nil, http.StatusServiceUnavailable,
 			[]string{"database schema: at version 0, billing needs 3 (run billing migrate)"}},
-		{"ErrNoSession", version(want, nil), false, http.StatusServiceUnavailable, []string{"consumer group session"}},
-		{"ErrEverything", version(0, errors.New("timeout")), false, http.StatusServiceUnavailable, []string{"database", "consumer group session"}},
+		{"ErrNoSession", version(want, nil), false, nil, http.StatusServiceUnavailable, []string{"consumer group session"}},
+		{"ErrEverything", version(0, errors.New("timeout")), false, nil, http.StatusServiceUnavailable, []string{"database", "consumer group session"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,6 +50,7 @@ func TestReadyz(t *testing.T) {
 			h := server.NewHandler(server.Readiness{
 				SchemaVersion: tt.schema,
 				WantSchema:    want,
+				Writable:      func(context.Context) error { return tt.readOnly },
 				Consumer:      func() bool { return tt.consumer },
 			}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 			rec := httptest.NewRecorder()
