@@ -287,12 +287,13 @@ func TestCompose_TopicsMatchBillingsSettings(t *testing.T) {
 	p := loadCompose(t)
 	serve := environment(serviceRunning(t, p, "serve"))
 	topic, dlq := serveVar(t, serve, "KAFKA_TOPIC"), serveVar(t, serve, "KAFKA_DLQ_TOPIC")
+	outcome := serveVar(t, serve, "KAFKA_OUTCOME_TOPIC")
 	init := topicInitService(t, p)
 	if len(init.Profiles) > 0 {
 		t.Errorf("%s is under profiles %v; the topics must exist on a plain `docker compose up`", init.Name, init.Profiles)
 	}
 	topics := createdTopics(t, init)
-	for _, name := range []string{topic, dlq} {
+	for _, name := range []string{topic, dlq, outcome} {
 		if _, ok := topics[name]; !ok {
 			t.Errorf("%s does not create topic %s (creates %v)", init.Name, name, sortedKeys(topics))
 		}
