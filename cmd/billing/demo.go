@@ -121,6 +121,9 @@ func demoCmd(ctx context.Context, argv0 string, args []string, environ map[strin
 	if err := d.publishAndWait(ctx, genOpts); err != nil {
 		return err
 	}
+	if err := d.waitPublished(ctx); err != nil {
+		return err
+	}
 	sum, err := d.measure(ctx)
 	if err != nil {
 		return err
@@ -189,7 +192,7 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 		return err
 	}
 	d.broker, err = devkafka.Start(devkafka.Options{
-		Topics:     []string{d.kafkaCfg.Topic, d.kafkaCfg.DLQTopic},
+		Topics:     []string{d.kafkaCfg.Topic, d.kafkaCfg.DLQTopic, d.kafkaCfg.OutcomeTopic},
 		Partitions: int32(o.partitions),
 	})
 	if err != nil {
@@ -396,6 +399,7 @@ type demoSummary struct {
 	chargedTwiceDB, mismatched       int   // database
 	duplicates, alreadyCharged       float64
 	providerCharges, chargedTwicePSP int64 // provider
+	outcomes                         outcomeCounts
 	elapsed                          time.Duration
 	// Latency percentiles in seconds: occurredAt → start of the transaction
 	// per event from the database, and the buckets of occurredAt → commit
@@ -464,6 +468,9 @@ FROM (SELECT extract(epoch FROM processed_at) * 1000
 
 	st := d.psp.Stats()
 	s.providerCharges, s.chargedTwicePSP = st.ChargesCreated, st.OrdersChargedTwice
+	if s.outcomes, err = d.countOutcomes(ctx); err != nil {
+		return s, err
+	}
 	s.elapsed = d.finished.Sub(d.began)
 	return s, nil
 }
@@ -519,6 +526,10 @@ func (s demoSummary) print(w io.Writer, exp loadgen.Expected, declineEvery int64
 		{"charge rows unlike their event", "database vs generated events", int64(s.mismatched), 0},
 		{"orders charged twice (database)", "database: charge", int64(s.chargedTwiceDB), 0},
 		{"orders charged twice (provider)", "provider: /_stats", s.chargedTwicePSP, 0},
+		// Every settled event is announced once: charged + declined + failed
+		// (the mix has no decoded event to park as failed).
+		{"outcome events published", "broker: payments.settled, distinct", int64(s.outcomes.distinct), int64(charged + declined)},
+		{"outcome events unlike their charge", "broker vs database: charge", int64(s.outcomes.unlike), 0},
 	}
 	fmt.Fprintf(w, "\n%-34s %9s %9s   %s\n", "", "measured", "expected", "measured from")
 	failures := 0
@@ -544,8 +555,8 @@ func (s demoSummary) print(w io.Writer, exp loadgen.Expected, declineEvery int64
 	fmt.Fprintln(w, "             (all events are published at once: latency is mostly waiting in the backlog)")
 	fmt.Fprintln(w)
 	if failures == 0 {
-		fmt.Fprintf(w, "PASS: all %d events accounted for: %d charged once each, %d declined, %d duplicates skipped, %d dead-lettered; no order charged twice.\n",
-			exp.Produced, charged, declined, exp.Duplicates, exp.Invalid)
+		fmt.Fprintf(w, "PASS: all %d events accounted for: %d charged once each, %d declined, %d duplicates skipped, %d dead-lettered; no order charged twice; %d outcome events published.\n",
+			exp.Produced, charged, declined, exp.Duplicates, exp.Invalid, charged+declined)
 	} else {
 		fmt.Fprintf(w, "FAIL: %s differ from what was produced.\n", strings.Join(differ, ", "))
 	}

@@ -247,10 +247,17 @@ func TestDemo_SummaryFailsWhenANumberDiffers(t *testing.T) {
 	for i := range exp.Events {
 		exp.Events[i].OrderID = int64(i + 1)
 	}
-	ok := demoSummary{produced: 10, dlq: 1, unique: 8, charged: 8, duplicates: 1, providerCharges: 8, elapsed: time.Second}
+	ok := demoSummary{produced: 10, dlq: 1, unique: 8, charged: 8, duplicates: 1, providerCharges: 8, elapsed: time.Second,
+		outcomes: outcomeCounts{distinct: 8}}
 	var out bytes.Buffer
 	if n := ok.print(&out, exp, 0); n != 0 || !strings.Contains(out.String(), "PASS") {
 		t.Fatalf("a matching summary: %d failures\n%s", n, out.String())
+	}
+	unannounced := ok
+	unannounced.outcomes.distinct = 7
+	out.Reset()
+	if n := unannounced.print(&out, exp, 0); n != 1 || !strings.Contains(out.String(), "FAIL: outcome events published") {
+		t.Errorf("a charge without its outcome event: %d failures\n%s", n, out.String())
 	}
 	twice := ok
 	twice.chargedTwiceDB = 1

@@ -44,7 +44,7 @@ func devkafkaCmd(ctx context.Context, args []string, environ map[string]string, 
 	}
 	b, err := devkafka.Start(devkafka.Options{
 		Port:       *port,
-		Topics:     []string{k.Topic, k.DLQTopic},
+		Topics:     []string{k.Topic, k.DLQTopic, k.OutcomeTopic},
 		Partitions: int32(*partitions),
 		DataDir:    *dataDir,
 	})
@@ -57,7 +57,7 @@ func devkafkaCmd(ctx context.Context, args []string, environ map[string]string, 
 		kind, storage = "development broker", "persisted in "+*dataDir
 	}
 	fmt.Fprintf(stdout, "devkafka listening on %s (%s, kfake; not Apache Kafka)\n", b.Addr(), kind)
-	fmt.Fprintf(stdout, "topics %s and %s (created with %d partitions unless they existed); %s\n", k.Topic, k.DLQTopic, *partitions, storage)
+	fmt.Fprintf(stdout, "topics %s, %s and %s (created with %d partitions unless they existed); %s\n", k.Topic, k.DLQTopic, k.OutcomeTopic, *partitions, storage)
 	fmt.Fprintf(stdout, "use KAFKA_BROKERS=%s; Ctrl-C stops it\n", b.Addr())
 	<-ctx.Done()
 	fmt.Fprintln(stderr, "devkafka stopping")

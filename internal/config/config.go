@@ -52,12 +52,13 @@ type Kafka struct {
 	SASLPassword  string `env:"KAFKA_SASL_PASSWORD" help:"SASL password; never logged"`
 }
 
-// Topics are the order topic and its dead-letter topic, the ones `billing
-// devkafka` creates: Kafka's variables of the same names, with the same
-// defaults.
+// Topics are the order topic, its dead-letter topic and the outcome topic,
+// the ones `billing devkafka` creates: Kafka's variables of the same names,
+// with the same defaults.
 type Topics struct {
-	Topic    string `env:"KAFKA_TOPIC" envDefault:"orders.confirmed" notEmpty:"true" help:"topic of the order.confirmed.v1 events"`
-	DLQTopic string `env:"KAFKA_DLQ_TOPIC" envDefault:"orders.confirmed.dlq" notEmpty:"true" help:"dead-letter topic: where messages that can never be processed are parked"`
+	Topic        string `env:"KAFKA_TOPIC" envDefault:"orders.confirmed" notEmpty:"true" help:"topic of the order.confirmed.v1 events"`
+	DLQTopic     string `env:"KAFKA_DLQ_TOPIC" envDefault:"orders.confirmed.dlq" notEmpty:"true" help:"dead-letter topic: where messages that can never be processed are parked"`
+	OutcomeTopic string `env:"KAFKA_OUTCOME_TOPIC" envDefault:"payments.settled" notEmpty:"true" help:"topic of the payment outcome events (payment.succeeded.v1, payment.declined.v1, payment.failed.v1)"`
 }
 
 // Database is the PostgreSQL database a command works on.

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/order"
+)
+
+// outcomeCounts is what the demo reads back from the outcome topic.
+type outcomeCounts struct {
+	// distinct is the number of distinct outcome eventIds published:
+	// publication is at least once, so a consumer counts each id once.
+	distinct int
+	// unlike counts the published outcomes whose type or amount disagree
+	// with the charge table's record of their order event, plus the settled
+	// charges without an outcome.
+	unlike int
+}
+
+// waitPublished waits until the outbox relay has published every outcome
+// recorded (the outbox has no unpublished row).
+func (d *demo) waitPublished(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting int
+		if err := d.db.GetContext(ctx, &waiting, `SELECT count(*) FROM outbox WHERE published_at IS NULL`); err != nil {
+			return fmt.Errorf("demo: read the outbox: %w", err)
+		}
+		if waiting == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: %d payment outcome events still unpublished after 30s (logs in %s)", waiting, d.opts.logPath)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// countOutcomes reads every outcome event on the outcome topic and checks
+// it against the charge table: succeeded and declined charges each have one,
+// with the charge's amount.
+func (d *demo) countOutcomes(ctx context.Context) (outcomeCounts, error) {
+	var c outcomeCounts
+	msgs, err := readTopic(ctx, d.client, d.kafkaCfg.OutcomeTopic)
+	if err != nil {
+		return c, err
+	}
+	type outcome struct {
+		EventID     string          `json:"eventId"`
+		EventType   string          `json:"eventType"`
+		CausationID string          `json:"causationId"`
+		TotalAmount json.RawMessage `json:"totalAmount"`
+	}
+	byCause := map[string]outcome{}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		var o outcome
+		if err := json.Unmarshal(m.Value, &o); err != nil {
+			c.unlike++
+			continue
+		}
+		if seen[o.EventID] {
+			continue
+		}
+		seen[o.EventID] = true
+		byCause[o.CausationID] = o
+	}
+	c.distinct = len(seen)
+
+	var rows []struct {
+		EventID  string `db:"event_id"`
+		Status   string `db:"status"`
+		Amount   int64  `db:"amount_minor"`
+		Currency string `db:"currency"`
+	}
+	if err := d.db.SelectContext(ctx, &rows, `SELECT event_id, status, amount_minor, currency FROM charge WHERE status IN ('succeeded', 'declined')`); err != nil {
+		return c, fmt.Errorf("demo: read charges: %w", err)
+	}
+	for _, r := range rows {
+		o, ok := byCause[r.EventID]
+		want := "payment." + r.Status + ".v1"
+		if !ok || o.EventType != want || !sameAmount(string(o.TotalAmount), r.Amount, r.Currency) {
+			c.unlike++
+		}
+	}
+	return c, nil
+}
+
+// sameAmount reports whether the JSON number text is amount minor units of
+// currency, written with exactly the currency's digits.
+func sameAmount(text string, minor int64, currency string) bool {
+	return order.Money{Minor: minor, Currency: currency}.Decimal() == text
+}
+
+// readTopic reads every message of topic that exists now.
+func readTopic(ctx context.Context, client sarama.Client, topic string) ([]*sarama.ConsumerMessage, error) {
+	end, err := kafka.EndOffsets(client, topic)
+	if err != nil {
+		return nil, fmt.Errorf("demo: end offsets of %s: %w", topic, err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	defer consumer.Close()
+	var out []*sarama.ConsumerMessage
+	for p, e := range end {
+		if e == 0 {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return nil, fmt.Errorf("demo: read %s/%d: %w", topic, p, err)
+		}
+		for done := false; !done; {
+			select {
+			case m := <-pc.Messages():
+				out = append(out, m)
+				done = m.Offset+1 >= e
+			case <-ctx.Done():
+				pc.Close()
+				return nil, ctx.Err()
+			case <-time.After(30 * time.Second):
+				pc.Close()
+				return nil, fmt.Errorf("demo: read %s/%d: timed out", topic, p)
+			}
+		}
+		pc.Close()
+	}
+	return out, nil
+}
