@@ -346,9 +346,16 @@ func (r *run) slotOf(c *consumer) int {
 	return -1
 }
 
-// pick returns a random running consumer, nil when none runs.
+// pick returns a random running consumer that no other fault is already
+// stopping (a kill -9 of a process draining after its SIGTERM would fail
+// that SIGTERM's exit check), nil when there is none.
 func (r *run) pick(rng *rand.Rand) *consumer {
-	cs := r.running()
+	var cs []*consumer
+	for _, c := range r.running() {
+		if !c.wasSignaled() {
+			cs = append(cs, c)
+		}
+	}
 	if len(cs) == 0 {
 		return nil
 	}
