@@ -34,9 +34,14 @@ test-kfake:
 kafka:
 	$(GO) run ./internal/apachekafka/cmd/kafkajars
 
-## chaos: the fault-injection suite (see README): real serve processes, an
-## embedded broker, a throwaway PostgreSQL cluster, fakepsp; ~10 min.
-## CHAOS_SEED=<n> replays a run, CHAOS_RUN=<scenario> runs one scenario
+## chaos: the fault-injection suite (see README): real serve processes, a
+## throwaway PostgreSQL cluster, fakepsp, and a three-broker Apache Kafka
+## cluster (~8 min on 2 cores; the default where Java and Maven are
+## installed, and under CI=true) or the embedded kfake broker
+## (CHAOS_BROKER=kfake, ~5 min). broker-faults runs on kfake only;
+## leader-kill-9, coordinator-kill-9, rolling-restart and broker-pause on
+## Apache Kafka only. CHAOS_SEED=<n> replays a run, CHAOS_RUN=<scenario> runs
+## one scenario
 .PHONY: chaos fuzz
 chaos:
 	$(GO) vet -tags chaos ./chaos/
