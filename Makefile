@@ -76,7 +76,7 @@ vuln: bin/govulncheck
 ## bench: end-to-end throughput, billing vs the seed's design, and pgbench,
 ## each on the embedded kfake broker and on a one-node Apache Kafka
 ## (ARGS="-broker kfake|apache|both -nodes 1|3"; default both where Java and
-## Maven are installed; see BENCHMARKS.md; ~6 min)
+## Maven are installed; see BENCHMARKS.md; ~3 min)
 bench: build
 	$(GO) run ./bench/throughput $(ARGS)
 
