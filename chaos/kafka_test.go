@@ -131,7 +131,11 @@ func (r *run) setUpKafka() error {
 	}
 	r.t.Cleanup(func() {
 		// Fewer partitions on the cluster keep the next scenarios'
-		// failovers and health checks alike.
+		// failovers and health checks alike; a failed scenario's topics
+		// stay, with the cluster's files, for a post-mortem.
+		if r.t.Failed() {
+			return
+		}
 		if err := admin.DeleteTopic(r.topic); err != nil {
 			r.t.Logf("delete topic %s: %v", r.topic, err)
 		}
