@@ -34,7 +34,7 @@ var scenarios = []scenario{
 		only: brokerApache, why: "apache only: kfake has one broker and no leader to fail over"},
 	{name: "coordinator-kill-9", consumers: 3, count: 4000, rate: 200, latency: 5 * time.Millisecond, inject: injectCoordinatorKill,
 		only: brokerApache, why: "apache only: kfake has one broker and no coordinator to fail over"},
-	{name: "rolling-restart", consumers: 3, count: 10500, rate: 150, latency: 5 * time.Millisecond, inject: injectRollingRestart,
+	{name: "rolling-restart", consumers: 3, count: 15000, rate: 150, latency: 5 * time.Millisecond, inject: injectRollingRestart,
 		only: brokerApache, why: "apache only: kfake has one broker, in this process"},
 	{name: "broker-pause", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectBrokerPause,
 		only: brokerApache, why: "apache only: kfake runs in this process, which cannot be paused"},
