@@ -46,9 +46,14 @@ test-kfake:
 kafka:
 	$(GO) run ./internal/apachekafka/cmd/kafkajars
 
-## chaos: the fault-injection suite (see README): real serve processes, an
-## embedded broker, a throwaway PostgreSQL cluster, fakepsp; ~10 min.
-## CHAOS_SEED=<n> replays a run, CHAOS_RUN=<scenario> runs one scenario
+## chaos: the fault-injection suite (see README): real serve processes, a
+## throwaway PostgreSQL cluster, fakepsp, and a three-broker Apache Kafka
+## cluster (~8 min on 2 cores; the default where Java and Maven are
+## installed, and under CI=true) or the embedded kfake broker
+## (CHAOS_BROKER=kfake, ~5 min). broker-faults runs on kfake only;
+## leader-kill-9, coordinator-kill-9, rolling-restart and broker-pause on
+## Apache Kafka only. CHAOS_SEED=<n> replays a run, CHAOS_RUN=<scenario> runs
+## one scenario
 .PHONY: chaos fuzz
 chaos:
 	$(GO) vet -tags chaos ./chaos/
@@ -80,8 +85,10 @@ staticcheck: bin/staticcheck
 vuln: bin/govulncheck
 	bin/govulncheck ./...
 
-## bench: end-to-end throughput, billing vs the seed's design, and pgbench
-## (see BENCHMARKS.md; ~4 min)
+## bench: end-to-end throughput, billing vs the seed's design, and pgbench,
+## each on the embedded kfake broker and on a one-node Apache Kafka
+## (ARGS="-broker kfake|apache|both -nodes 1|3"; default both where Java and
+## Maven are installed; see BENCHMARKS.md; ~3 min)
 bench: build
 	$(GO) run ./bench/throughput $(ARGS)
 

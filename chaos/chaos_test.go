@@ -14,12 +14,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"example.com/billing/internal/kafkatest"
 )
 
-// scenarios are run in this order, each on a fresh broker, database and
-// provider; `-run TestChaos/<name>` runs one.
+// scenarios are run in this order, each with a database, a provider and
+// a consumer group of its own: on kfake on a fresh broker, on Apache Kafka
+// with fresh topics on the suite's cluster. `-run TestChaos/<name>` runs
+// one. A scenario with only set runs on that broker alone and is listed as
+// skipped on the other.
 var scenarios = []scenario{
 	{name: "kill-9", consumers: 3, count: 3000, rate: 200, latency: 30 * time.Millisecond, inject: injectKills},
 	{name: "sigterm", consumers: 3, count: 3000, rate: 200, latency: 20 * time.Millisecond, inject: injectSigterms},
@@ -27,13 +28,28 @@ var scenarios = []scenario{
 	{name: "provider-down", consumers: 3, count: 3000, rate: 200, latency: 5 * time.Millisecond, inject: injectProviderDown},
 	{name: "provider-resets", consumers: 3, count: 3000, rate: 200, latency: 5 * time.Millisecond, inject: injectResets},
 	{name: "rebalance", consumers: 2, count: 3000, rate: 200, latency: 5 * time.Millisecond, inject: injectRebalances},
-	{name: "broker-faults", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectBrokerFaults},
+	{name: "broker-faults", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectBrokerFaults,
+		only: brokerKfake, why: "kfake only: it fails chosen requests with kfake's Fault API, which Apache Kafka has not (its real faults are the apache-only scenarios)"},
+	{name: "leader-kill-9", consumers: 3, count: 4000, rate: 200, latency: 5 * time.Millisecond, inject: injectLeaderKill,
+		only: brokerApache, why: "apache only: kfake has one broker and no leader to fail over"},
+	{name: "coordinator-kill-9", consumers: 3, count: 4000, rate: 200, latency: 5 * time.Millisecond, inject: injectCoordinatorKill,
+		only: brokerApache, why: "apache only: kfake has one broker and no coordinator to fail over"},
+	{name: "rolling-restart", consumers: 3, count: 15000, rate: 150, latency: 5 * time.Millisecond, inject: injectRollingRestart,
+		only: brokerApache, why: "apache only: kfake has one broker, in this process"},
+	{name: "broker-pause", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectBrokerPause,
+		only: brokerApache, why: "apache only: kfake runs in this process, which cannot be paused"},
 	{name: "combined", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectCombined},
 }
 
 func TestChaos(t *testing.T) {
 	for _, sc := range scenarios {
-		t.Run(sc.name, func(t *testing.T) { runScenario(t, sc) })
+		t.Run(sc.name, func(t *testing.T) {
+			if sc.only != "" && sc.only != suite.broker {
+				addRow(summaryRow{scenario: sc.name, skipped: sc.why, passed: true})
+				t.Skip(sc.why)
+			}
+			runScenario(t, sc)
+		})
 	}
 }
 
@@ -113,7 +129,7 @@ func injectRebalances(r *run) {
 // and failed commits during a rebalance.
 func injectBrokerFaults(r *run) {
 	rng := r.rng("broker")
-	group := kafkatest.Group
+	group := r.group
 
 	r.sleepUntil(between(rng, 2*time.Second, 3*time.Second))
 	r.brokerFault("commit-fail", 5*time.Second, func() {
@@ -124,9 +140,9 @@ func injectBrokerFaults(r *run) {
 	r.sleepUntil(between(rng, 8*time.Second, 9*time.Second))
 	p := rng.Perm(partitions)
 	r.brokerFault("fetch-fail", 5*time.Second, nil,
-		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: kafkatest.Topic, Partitions: []int32{int32(p[0])}, Err: kerr.NotLeaderForPartition, Count: 20},
-		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: kafkatest.Topic, Partitions: []int32{int32(p[1])}, Err: kerr.UnknownServerError, Count: 20},
-		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: kafkatest.Topic, Partitions: []int32{int32(p[2])}, Err: kerr.KafkaStorageError, Count: 10},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: r.topic, Partitions: []int32{int32(p[0])}, Err: kerr.NotLeaderForPartition, Count: 20},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: r.topic, Partitions: []int32{int32(p[1])}, Err: kerr.UnknownServerError, Count: 20},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: r.topic, Partitions: []int32{int32(p[2])}, Err: kerr.KafkaStorageError, Count: 10},
 	)
 
 	// Heartbeats fail for 3s: sarama gives up after its retries, ends the
@@ -151,10 +167,75 @@ func injectBrokerFaults(r *run) {
 	joined.Wait()
 }
 
+// kill -9 of the broker that leads the busiest partition of the order
+// topic, under load; it is started again after the controller has fenced
+// it (broker.session.timeout.ms, 9s) and moved the leadership.
+func injectLeaderKill(r *run) {
+	rng := r.rng("leader-kill")
+	r.sleepUntil(between(rng, 4*time.Second, 6*time.Second))
+	p, leader, err := r.busiestLeader()
+	if err != nil {
+		r.t.Errorf("leader-kill-9: %v", err)
+		return
+	}
+	r.killBroker("broker-kill-9", leader, fmt.Sprintf("leader of partition %d, the busiest", p),
+		between(rng, 12*time.Second, 15*time.Second), r.leaderMoved(p, leader))
+}
+
+// kill -9 of the group coordinator of billing's consumer group, under load:
+// heartbeats, joins and offset commits fail until another broker takes the
+// group over; the killed broker is started again later.
+func injectCoordinatorKill(r *run) {
+	rng := r.rng("coordinator-kill")
+	r.sleepUntil(between(rng, 4*time.Second, 6*time.Second))
+	coord, err := r.coordinator()
+	if err != nil {
+		r.t.Errorf("coordinator-kill-9: %v", err)
+		return
+	}
+	r.killBroker("broker-kill-9", coord, "coordinator of the group",
+		between(rng, 12*time.Second, 15*time.Second), r.coordinatorMoved(coord))
+}
+
+// A rolling restart, as an upgrade does it: each broker in turn is stopped
+// with SIGTERM (a controlled shutdown), started again after a moment, and
+// the next one waits until no partition is under-replicated.
+func injectRollingRestart(r *run) {
+	rng := r.rng("rolling")
+	r.sleepUntil(between(rng, 2*time.Second, 3*time.Second))
+	nodes := suite.kafka.Nodes()
+	for _, i := range rng.Perm(len(nodes)) {
+		n := nodes[i]
+		r.terminateBroker(n)
+		time.Sleep(between(rng, time.Second, 3*time.Second)) // the new version is put in place
+		r.restartBroker("broker-sigterm", n)
+		if err := r.waitReplicated(3 * time.Minute); err != nil {
+			r.t.Errorf("rolling restart, after broker %d: %v", n.ID, err)
+			return
+		}
+	}
+}
+
+// SIGSTOP of the group coordinator for longer than both serve's session
+// timeout (sarama's 10s) and the brokers' session timeout in KRaft (9s):
+// the controller fences it and moves its leaderships and the group while it
+// still holds every connection open; SIGCONT then brings it back.
+func injectBrokerPause(r *run) {
+	rng := r.rng("pause")
+	r.sleepUntil(between(rng, 3*time.Second, 4*time.Second))
+	coord, err := r.coordinator()
+	if err != nil {
+		r.t.Errorf("broker-pause: %v", err)
+		return
+	}
+	r.pauseBroker(coord, "coordinator of the group", between(rng, 15*time.Second, 18*time.Second), r.coordinatorMoved(coord))
+}
+
 // Everything at once: resets all stream long, two kill -9s, a consumer
-// joining and leaving, failing commits, PostgreSQL stopped (immediate) for
-// 10s with a SIGTERM during the outage, failing fetches, the provider down
-// for 10s.
+// joining and leaving, broker faults (on kfake failing commits and fetches,
+// on Apache Kafka a kill -9 of the group coordinator and later of the
+// busiest partition's leader), PostgreSQL stopped (immediate) for 10s with a
+// SIGTERM during the outage, the provider down for 10s.
 func injectCombined(r *run) {
 	dur := r.stream.duration()
 	var wg sync.WaitGroup
@@ -175,13 +256,17 @@ func injectCombined(r *run) {
 		// Before the database outage, which stops all progress and so all
 		// commits; failed fetches after it, when the backlog is fetched.
 		rng := r.rng("broker")
+		if r.embedded == nil {
+			r.combinedBrokerKills(rng)
+			return
+		}
 		r.sleepUntil(between(rng, 2*time.Second, 3*time.Second))
 		r.brokerFault("commit-fail", 3*time.Second, nil,
-			kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: kafkatest.Group, Err: kerr.UnknownServerError, Count: -1})
+			kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: r.group, Err: kerr.UnknownServerError, Count: -1})
 		r.sleepUntil(between(rng, 17*time.Second, 18*time.Second))
 		p := rng.Perm(partitions)
 		r.brokerFault("fetch-fail", 3*time.Second, nil,
-			kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: kafkatest.Topic, Partitions: []int32{int32(p[0]), int32(p[1])}, Err: kerr.NotLeaderForPartition, Count: 10})
+			kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: r.topic, Partitions: []int32{int32(p[0]), int32(p[1])}, Err: kerr.NotLeaderForPartition, Count: 10})
 	})
 	wg.Go(func() {
 		rng := r.rng("postgres")
@@ -201,6 +286,28 @@ func injectCombined(r *run) {
 		r.providerOutage(10 * time.Second)
 	})
 	wg.Wait()
+}
+
+// combinedBrokerKills is combined's broker track on Apache Kafka, in place
+// of kfake's failed commits and fetches: the real faults behind them. The
+// group coordinator is killed before the database outage (commits fail
+// until the group moves) and the busiest partition's leader after it (the
+// backlog's fetches fail until the leadership moves); each comes back after
+// 5-8s, a crash that a supervisor restarts, sometimes before the controller
+// noticed.
+func (r *run) combinedBrokerKills(rng *rand.Rand) {
+	r.sleepUntil(between(rng, 2*time.Second, 3*time.Second))
+	if coord, err := r.coordinator(); err != nil {
+		r.t.Errorf("combined: %v", err)
+	} else {
+		r.killBroker("broker-kill-9", coord, "coordinator of the group", between(rng, 5*time.Second, 8*time.Second), r.coordinatorMoved(coord))
+	}
+	r.sleepUntil(between(rng, 17*time.Second, 18*time.Second))
+	if p, leader, err := r.busiestLeader(); err != nil {
+		r.t.Errorf("combined: %v", err)
+	} else {
+		r.killBroker("broker-kill-9", leader, fmt.Sprintf("leader of partition %d, the busiest", p), between(rng, 5*time.Second, 8*time.Second), r.leaderMoved(p, leader))
+	}
 }
 
 // --- fault primitives ---
@@ -229,6 +336,7 @@ func (r *run) pgOutage(mode string, hold time.Duration, wantReadyAfter bool) {
 		r.t.Errorf("start PostgreSQL again: %v", err)
 		return
 	}
+	r.faultOver()
 	r.t.Logf("[+%s] PostgreSQL is back after %s", r.elapsed(), time.Since(down).Round(100*time.Millisecond))
 	if wantReadyAfter {
 		r.checkReadyz(http.StatusOK, 30*time.Second)
@@ -248,6 +356,7 @@ func (r *run) providerOutage(hold time.Duration) {
 		r.t.Errorf("provider up: %v", err)
 		return
 	}
+	r.faultOver()
 	after, _ := r.psp.stats()
 	r.t.Logf("[+%s] provider up again; it answered %d charge requests with 503 meanwhile", r.elapsed(), after.DownRejections-before.DownRejections)
 	r.addFaults("503s", int(after.DownRejections-before.DownRejections))
@@ -266,6 +375,7 @@ func (r *run) resets(rate float64, d time.Duration) {
 		r.t.Errorf("provider resetRate: %v", err)
 		return
 	}
+	r.faultOver()
 	st, _ := r.psp.stats()
 	r.t.Logf("[+%s] provider resets off; %d charges had their connection reset", r.elapsed(), st.Resets)
 	r.addFaults("resets", int(st.Resets))
@@ -274,7 +384,7 @@ func (r *run) resets(rate float64, d time.Duration) {
 // brokerFault installs kfake faults for hold, running during (if not nil)
 // meanwhile, then removes them; it returns how many requests they failed.
 func (r *run) brokerFault(kind string, hold time.Duration, during func(), faults ...kfake.Fault) int {
-	h := r.broker.Cluster().Fault(faults...)
+	h := r.embedded.Cluster().Fault(faults...)
 	var what []string
 	for _, f := range faults {
 		var keys []string
@@ -292,6 +402,7 @@ func (r *run) brokerFault(kind string, hold time.Duration, during func(), faults
 		time.Sleep(wait)
 	}
 	h.Remove()
+	r.faultOver()
 	hits := h.Hits()
 	r.t.Logf("[+%s] %s removed: %d requests failed", r.elapsed(), kind, hits)
 	r.addFaults("broker-errors", hits)

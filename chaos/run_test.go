@@ -19,7 +19,6 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/devkafka"
-	"example.com/billing/internal/kafkatest"
 )
 
 const (
@@ -42,6 +41,9 @@ type scenario struct {
 	// inject injects the scenario's faults while the stream runs; it returns
 	// when they are over and everything is restored.
 	inject func(r *run)
+	// only, when set, is the one broker (brokerApache, brokerKfake) the
+	// scenario can run on, and why says why.
+	only, why string
 }
 
 // run is the state of one scenario.
@@ -51,12 +53,22 @@ type run struct {
 	seed   int64
 	dir    string
 	start  time.Time // when publishing started
-	broker *devkafka.Broker
 	client sarama.Client
+	// probe is a client with short timeouts for polling while brokers
+	// fail: a request to a paused broker fails in seconds, not after
+	// sarama's 30s read timeout.
+	probe  sarama.Client
 	dbName string
 	dsn    string
 	psp    *psp
 	stream *stream
+
+	// The run's Kafka: its bootstrap addresses (KAFKA_BROKERS), topics and
+	// group. embedded is the kfake broker of a run on kfake, nil on Apache
+	// Kafka (whose cluster is suite.kafka).
+	brokers                string
+	topic, dlqTopic, group string
+	embedded               *devkafka.Broker
 
 	mu         sync.Mutex
 	consumers  map[int]*consumer // running, by slot
@@ -68,6 +80,11 @@ type run struct {
 	unexpected []string // processes that exited without being told to
 	stopTimes  []time.Duration
 	zombies    int // kfake members evicted by reapZombies
+	// faultEnd is when the last injected fault was undone (see faultOver),
+	// published when the broker had acknowledged the whole stream, lagZero
+	// when the group's committed offsets were first seen at the end
+	// offsets after that.
+	faultEnd, published, lagZero time.Time
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one
@@ -91,14 +108,9 @@ func newRun(t *testing.T, sc scenario) *run {
 	}
 	t.Logf("scenario %s: seed %d, %d messages at %.0f/s, %d consumers; logs in %s", sc.name, r.seed, sc.count, sc.rate, sc.consumers, r.dir)
 
-	// The broker, in this process so that kfake faults can be injected.
-	b, err := devkafka.Start(devkafka.Options{Topics: []string{kafkatest.Topic, kafkatest.DLQTopic}, Partitions: partitions})
-	if err != nil {
+	if err := r.setUpKafka(); err != nil {
 		t.Fatal(err)
 	}
-	r.broker = b
-	t.Cleanup(b.Close)
-	r.client = kafkatest.Client(t, b.Addr())
 
 	// A database of its own in the suite's cluster, migrated by the binary.
 	if err := suite.pg.ensureRunning(); err != nil {
@@ -133,7 +145,7 @@ func newRun(t *testing.T, sc scenario) *run {
 		}
 	})
 
-	r.stream, err = newStream(kafkatest.Topic, partitions, sc.count, sc.rate, r.seed)
+	r.stream, err = newStream(r.topic, partitions, sc.count, sc.rate, r.seed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,6 +187,29 @@ func (r *run) fault(kind, format string, args ...any) {
 	r.t.Logf("[+%s] %s: %s", r.elapsed(), kind, fmt.Sprintf(format, args...))
 }
 
+// faultOver records that a fault was undone now: a killed or stopped
+// process (consumer, broker, PostgreSQL) started again, a paused broker
+// continued, the provider up again or its resets off, a kfake fault
+// removed, a joined consumer gone. The last of these is where the summary's
+// "fault end → lag 0" starts.
+func (r *run) faultOver() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.faultEnd = time.Now()
+}
+
+// recovery is the time from the end of the last fault to lag 0: 0 when the
+// group had caught up before the last fault ended, and not ok before both
+// are known.
+func (r *run) recovery() (d time.Duration, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.faultEnd.IsZero() || r.lagZero.IsZero() {
+		return 0, false
+	}
+	return max(r.lagZero.Sub(r.faultEnd), 0), true
+}
+
 // addFaults counts n faults of kind (hits of a broker fault, rejected
 // provider requests) without logging each.
 func (r *run) addFaults(kind string, n int) {
@@ -214,7 +249,10 @@ func (r *run) sleepUntil(d time.Duration) {
 
 func (r *run) env(c *consumer) map[string]string {
 	return map[string]string{
-		"KAFKA_BROKERS":    r.broker.Addr(),
+		"KAFKA_BROKERS":    r.brokers,
+		"KAFKA_TOPIC":      r.topic,
+		"KAFKA_DLQ_TOPIC":  r.dlqTopic,
+		"KAFKA_GROUP_ID":   r.group,
 		"KAFKA_CLIENT_ID":  c.name,
 		"DATABASE_URL":     r.dsn,
 		"PAYMENT_BASE_URL": r.psp.url,
@@ -308,9 +346,16 @@ func (r *run) slotOf(c *consumer) int {
 	return -1
 }
 
-// pick returns a random running consumer, nil when none runs.
+// pick returns a random running consumer that no other fault is already
+// stopping (a kill -9 of a process draining after its SIGTERM would fail
+// that SIGTERM's exit check), nil when there is none.
 func (r *run) pick(rng *rand.Rand) *consumer {
-	cs := r.running()
+	var cs []*consumer
+	for _, c := range r.running() {
+		if !c.wasSignaled() {
+			cs = append(cs, c)
+		}
+	}
 	if len(cs) == 0 {
 		return nil
 	}
@@ -331,6 +376,7 @@ func (r *run) kill9(rng *rand.Rand) {
 	c.kill9()
 	time.Sleep(pause)
 	r.startInSlot(slot)
+	r.faultOver()
 }
 
 // sigterm stops a random consumer with SIGTERM while the stream runs,
@@ -345,6 +391,7 @@ func (r *run) sigterm(rng *rand.Rand) {
 	slot := r.slotOf(c)
 	r.stop(c, "sigterm")
 	r.startInSlot(slot)
+	r.faultOver()
 }
 
 // stop sends SIGTERM to c and checks its exit: status 0 within stopGrace.
@@ -375,6 +422,7 @@ func (r *run) joinAndLeave(hold time.Duration) {
 		return
 	}
 	r.fault("join", "%s (pid %d) joins for %s", c.name, c.pid(), hold.Round(time.Millisecond))
+	defer r.faultOver()
 	time.Sleep(hold)
 	if c.exited() {
 		return
@@ -409,11 +457,11 @@ func (r *run) killAll() {
 // caughtUp reports whether the group has committed every partition to its
 // end, with the offsets for a message.
 func (r *run) caughtUp() (bool, string, error) {
-	end, err := endOffsets(r.client, kafkatest.Topic)
+	end, err := endOffsets(r.probe, r.topic)
 	if err != nil {
 		return false, "", err
 	}
-	committed, err := committedOffsets(r.client, kafkatest.Group, kafkatest.Topic)
+	committed, err := committedOffsets(r.probe, r.group, r.topic)
 	if err != nil {
 		return false, "", err
 	}
@@ -428,32 +476,42 @@ func (r *run) caughtUp() (bool, string, error) {
 	return done, strings.Join(lag, ", "), nil
 }
 
-// waitCaughtUp waits until the group has committed everything.
-func (r *run) waitCaughtUp(timeout time.Duration) bool {
-	started := time.Now()
-	deadline := started.Add(timeout)
+// watchLag is started once everything is published (the end offsets are
+// final): it polls every 250ms until the group has committed everything and
+// records that moment in r.lagZero, while faults may still go on. Once
+// caught up after publishing the group stays caught up: no message comes
+// after, and committed offsets only move forward. It fails the test when
+// ctx ends first.
+func (r *run) watchLag(ctx context.Context) bool {
 	var last string
 	for {
 		done, lag, err := r.caughtUp()
 		if err == nil && done {
-			r.t.Logf("[+%s] group caught up (%s after the faults)", r.elapsed(), time.Since(started).Round(100*time.Millisecond))
+			r.mu.Lock()
+			r.lagZero = time.Now()
+			r.mu.Unlock()
 			return true
 		}
 		if err != nil {
 			lag = err.Error()
 		}
 		last = lag
-		if time.Now().After(deadline) {
+		select {
+		case <-ctx.Done():
 			var tails []string
 			for _, c := range r.running() {
 				tails = append(tails, fmt.Sprintf("--- %s (%s)\n%s", c.name, c.logPath, c.tail(25)))
 			}
-			r.t.Errorf("group did not catch up within %s: %s\n%s", timeout, last, strings.Join(tails, "\n"))
+			r.t.Errorf("group did not catch up within %s of the end of the faults: %s\n%s", catchUpLimit, last, strings.Join(tails, "\n"))
 			return false
+		case <-time.After(250 * time.Millisecond):
 		}
-		time.Sleep(250 * time.Millisecond)
 	}
 }
+
+// catchUpLimit is how long after the faults ended (and everything was
+// published) the group must have committed everything.
+const catchUpLimit = 3 * time.Minute
 
 // readiness checks, during a database outage, that every consumer that
 // keeps running answers /readyz 503 and /healthz 200; and afterwards 200.
@@ -516,6 +574,10 @@ func committedOffsets(client sarama.Client, group, topic string) (map[int32]int6
 	// Not closed: that would close the shared client.
 	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
 	if err != nil {
+		// sarama looks the coordinator up again on "not coordinator" only;
+		// when the coordinator's broker died (Apache Kafka moves the group
+		// to another one) the cached one would be asked for ever.
+		_ = client.RefreshCoordinator(group)
 		return nil, err
 	}
 	out := map[int32]int64{}
@@ -585,19 +647,49 @@ func runScenario(t *testing.T, sc scenario) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	published := make(chan error, 1)
+	lagCtx, stopLag := context.WithCancel(ctx)
+	defer stopLag()
+	caughtUp := make(chan bool, 1)
 	r.start = time.Now()
-	stopReaper := make(chan struct{})
-	reaped := make(chan struct{})
-	go func() { r.reapZombies(stopReaper); close(reaped) }()
-	defer func() { close(stopReaper); <-reaped }()
-	go func() { published <- r.stream.publish(ctx, r.broker.Addr()) }()
+	if r.embedded != nil {
+		stopReaper := make(chan struct{})
+		reaped := make(chan struct{})
+		go func() { r.reapZombies(stopReaper); close(reaped) }()
+		defer func() { close(stopReaper); <-reaped }()
+	}
+	go func() {
+		err := r.stream.publish(ctx, r.brokers)
+		r.mu.Lock()
+		r.published = time.Now()
+		r.mu.Unlock()
+		published <- err
+		caughtUp <- err == nil && r.watchLag(lagCtx)
+	}()
 	sc.inject(r)
+	r.mu.Lock()
+	faultEnd := r.faultEnd
+	r.mu.Unlock()
+	t.Logf("[+%s] faults over (the last one ended at +%s)", r.elapsed(), faultEnd.Sub(r.start).Round(100*time.Millisecond))
 	if err := <-published; err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	t.Logf("[+%s] published %d messages; faults over", r.elapsed(), len(r.stream.messages()))
+	timer := time.AfterFunc(catchUpLimit, stopLag)
+	defer timer.Stop()
+	r.mu.Lock()
+	publishedAt := r.published
+	r.mu.Unlock()
+	t.Logf("[+%s] all %d messages were published (acknowledged) at +%s", r.elapsed(), len(r.stream.messages()), publishedAt.Sub(r.start).Round(100*time.Millisecond))
 
-	r.waitCaughtUp(3 * time.Minute)
+	if <-caughtUp {
+		row.recovery, row.recovered = r.recovery()
+		r.mu.Lock()
+		lagZero := r.lagZero
+		r.mu.Unlock()
+		row.afterStream = max(lagZero.Sub(publishedAt), 0)
+		t.Logf("[+%s] group caught up at +%s: %s after the last fault ended (0: caught up before it ended), %s after the stream was published",
+			r.elapsed(), lagZero.Sub(r.start).Round(100*time.Millisecond), row.recovery.Round(100*time.Millisecond),
+			row.afterStream.Round(100*time.Millisecond))
+	}
 	r.stopAll()
 	r.mu.Lock()
 	for _, u := range r.unexpected {
@@ -663,7 +755,7 @@ func (r *run) reapZombies(stop <-chan struct{}) {
 			return
 		case <-tick.C:
 		}
-		groups, err := admin.DescribeConsumerGroups([]string{kafkatest.Group})
+		groups, err := admin.DescribeConsumerGroups([]string{r.group})
 		if err != nil || len(groups) == 0 {
 			continue
 		}
@@ -687,11 +779,11 @@ func (r *run) reapZombies(stop <-chan struct{}) {
 			if !ok || evicted[id] || !c.exited() || time.Since(c.exitedAt) < reapAfter {
 				continue
 			}
-			coord, err := r.client.Coordinator(kafkatest.Group)
+			coord, err := r.client.Coordinator(r.group)
 			if err != nil {
 				continue
 			}
-			resp, err := coord.LeaveGroup(&sarama.LeaveGroupRequest{Version: 3, GroupId: kafkatest.Group, Members: []sarama.MemberIdentity{{MemberId: id}}})
+			resp, err := coord.LeaveGroup(&sarama.LeaveGroupRequest{Version: 3, GroupId: r.group, Members: []sarama.MemberIdentity{{MemberId: id}}})
 			if err != nil || resp.Err != sarama.ErrNoError {
 				r.t.Logf("reaper: LeaveGroup for %s: %v %v", id, err, resp)
 				continue

@@ -67,8 +67,8 @@ func (s *stream) duration() time.Duration {
 	return time.Duration(float64(s.count) / s.rate * float64(time.Second))
 }
 
-// publish sends the whole stream to brokers and waits for every
-// acknowledgement.
+// publish sends the whole stream to brokers (comma-separated, as
+// KAFKA_BROKERS) and waits for every acknowledgement.
 func (s *stream) publish(ctx context.Context, brokers string) error {
 	var k config.Kafka
 	if err := config.Load(map[string]string{"KAFKA_BROKERS": brokers, "KAFKA_CLIENT_ID": "chaos-producer"}, &k); err != nil {
@@ -81,7 +81,7 @@ func (s *stream) publish(ctx context.Context, brokers string) error {
 	// Partitions are chosen here: by the key's hash like billing's own
 	// producers, or explicitly for the cross-partition copies.
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	producer, err := sarama.NewAsyncProducer([]string{brokers}, cfg)
+	producer, err := sarama.NewAsyncProducer(k.Brokers, cfg)
 	if err != nil {
 		return fmt.Errorf("producer: %w", err)
 	}

@@ -57,11 +57,11 @@ func (r *run) verify() result {
 
 	// --- The broker: what was published is in the topic, and the group
 	// committed all of it.
-	end, err := endOffsets(r.client, kafkatest.Topic)
+	end, err := endOffsets(r.client, r.topic)
 	if err != nil {
 		t.Fatalf("end offsets: %v", err)
 	}
-	committed, err := committedOffsets(r.client, kafkatest.Group, kafkatest.Topic)
+	committed, err := committedOffsets(r.client, r.group, r.topic)
 	if err != nil {
 		t.Fatalf("committed offsets: %v", err)
 	}
@@ -150,7 +150,7 @@ func (r *run) verify() result {
 	}
 	defer db.Close()
 	var processed []string
-	if err := db.Select(&processed, `SELECT event_id::text FROM processed_event WHERE consumer_group = $1`, kafkatest.Group); err != nil {
+	if err := db.Select(&processed, `SELECT event_id::text FROM processed_event WHERE consumer_group = $1`, r.group); err != nil {
 		t.Fatalf("read processed_event: %v", err)
 	}
 	seen := map[string]bool{}
@@ -234,7 +234,7 @@ func (r *run) verify() result {
 			invalidAt[position{m.partition, m.offset}] = m
 		}
 	}
-	dlq, err := readTopic(r.client, kafkatest.DLQTopic)
+	dlq, err := readTopic(r.client, r.dlqTopic)
 	if err != nil {
 		t.Fatalf("read the DLQ: %v", err)
 	}
@@ -247,10 +247,10 @@ func (r *run) verify() result {
 		if !strings.HasPrefix(reason, "invalid-event: ") {
 			t.Errorf("%s: x-dlq-reason %q, want invalid-event: ...", where, reason)
 		}
-		if got := kafkatest.Header(d, kafka.HeaderOriginalTopic); got != kafkatest.Topic {
+		if got := kafkatest.Header(d, kafka.HeaderOriginalTopic); got != r.topic {
 			t.Errorf("%s: x-original-topic %q", where, got)
 		}
-		if got := kafkatest.Header(d, kafka.HeaderConsumerGroup); got != kafkatest.Group {
+		if got := kafkatest.Header(d, kafka.HeaderConsumerGroup); got != r.group {
 			t.Errorf("%s: x-consumer-group %q", where, got)
 		}
 		if perr != nil || oerr != nil {

@@ -1,11 +1,18 @@
 // Command throughput is billing's end-to-end benchmark (`make bench`).
 //
-// For each scenario it pre-produces events (10% duplicates) into an embedded
-// broker with 6 partitions, starts the real `billing serve` binary as a
-// process of its own against the local PostgreSQL and a fake provider with a
-// given latency, and measures the time until the group's committed offsets
-// reach the end offsets. It reports events/s, latency percentiles, the
-// service's own CPU per 1,000 events and its peak RSS.
+// For each scenario it pre-produces events (10% duplicates) into a topic
+// with 6 partitions, starts the real `billing serve` binary as a process of
+// its own against the local PostgreSQL and a fake provider with a given
+// latency, and measures the time until the group's committed offsets reach
+// the end offsets. It reports events/s, latency percentiles, the service's
+// own CPU per 1,000 events and its peak RSS.
+//
+// Every scenario runs on each broker that -broker names, one after the
+// other: the embedded kfake broker (in this process, a fresh one per
+// scenario) and a real Apache Kafka cluster in KRaft mode (started once from
+// the jars Maven resolves, -nodes 1 or 3, with fresh topics and a group per
+// scenario), so that the two are compared side by side; on Apache Kafka the
+// brokers' own CPU is measured too.
 //
 // The baseline is billing itself configured as the seed design: one message
 // at a time per partition, at most 3 partitions at once, an offset commit per
@@ -31,6 +38,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,18 +49,13 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/postgres"
-)
-
-const (
-	topic    = "orders.confirmed"
-	dlqTopic = "orders.confirmed.dlq"
-	group    = "billing-order-confirmed"
 )
 
 type scenario struct {
@@ -71,6 +74,7 @@ var seedEnv = []string{
 
 type result struct {
 	scenario
+	broker      string
 	produced    int
 	elapsed     time.Duration
 	eventsPerS  float64
@@ -81,6 +85,9 @@ type result struct {
 	peakRSS     int64 // bytes
 	txEvents    float64
 	doubleOrder int64
+	// brokerCPU is Apache Kafka's own CPU per 1,000 events (all nodes); 0
+	// on kfake, which runs inside the benchmark's process.
+	brokerCPU time.Duration
 }
 
 func main() {
@@ -100,8 +107,15 @@ func run() error {
 		only       = flag.String("only", "", "run only scenarios whose name contains this")
 		extra      = flag.String("env", "", "extra serve environment for the billing scenarios, comma-separated K=V")
 		pgbenchT   = flag.Duration("pgbench", 15*time.Second, "pgbench duration (0 skips it)")
+		brokerFlag = flag.String("broker", "", "kfake, apache or both (default: both where Java and Maven are installed, else kfake)")
+		nodes      = flag.Int("nodes", 1, "Apache Kafka nodes: 1, or 3 (replication factor 3, min.insync.replicas 2)")
 	)
 	flag.Parse()
+
+	kinds, err := chooseBrokers(*brokerFlag)
+	if err != nil {
+		return err
+	}
 
 	var billingEnv []string
 	if *extra != "" {
@@ -115,19 +129,30 @@ func run() error {
 	}
 
 	fmt.Printf("machine: %d CPUs, %s; %s\n", numCPU(), memTotal(), goVersion())
+	brokers := make([]*broker, 0, len(kinds))
+	for _, kind := range kinds {
+		b, err := startBroker(kind, *nodes)
+		if err != nil {
+			return err
+		}
+		defer b.close()
+		brokers = append(brokers, b)
+	}
 	var results []result
 	for _, sc := range scenarios {
 		if *only != "" && !strings.Contains(sc.name, *only) {
 			continue
 		}
-		fmt.Printf("--- %s: %d events\n", sc.name, sc.events)
-		r, err := runScenario(sc, *binary, *server, int32(*partitions))
-		if err != nil {
-			return fmt.Errorf("%s: %w", sc.name, err)
+		for _, b := range brokers {
+			fmt.Printf("--- %s on %s: %d events\n", sc.name, b.name, sc.events)
+			r, err := runScenario(sc, b, *binary, *server, int32(*partitions))
+			if err != nil {
+				return fmt.Errorf("%s on %s: %w", sc.name, b.name, err)
+			}
+			fmt.Printf("    %.0f events/s in %s, CPU %s/1000 events, peak RSS %.1f MiB\n",
+				r.eventsPerS, r.elapsed.Round(time.Millisecond), r.cpuPer1000.Round(time.Millisecond), float64(r.peakRSS)/(1<<20))
+			results = append(results, r)
 		}
-		fmt.Printf("    %.0f events/s in %s, CPU %s/1000 events, peak RSS %.1f MiB\n",
-			r.eventsPerS, r.elapsed.Round(time.Millisecond), r.cpuPer1000.Round(time.Millisecond), float64(r.peakRSS)/(1<<20))
-		results = append(results, r)
 	}
 	var pgTPS float64
 	if *pgbenchT > 0 {
@@ -140,26 +165,177 @@ func run() error {
 	return nil
 }
 
-func runScenario(sc scenario, binary, server string, partitions int32) (result, error) {
-	res := result{scenario: sc}
+// chooseBrokers reads -broker: unset, both brokers where Apache Kafka can
+// run here, else kfake alone, said on stderr.
+func chooseBrokers(flagValue string) ([]string, error) {
+	switch flagValue {
+	case "kfake", "apache":
+		return []string{flagValue}, nil
+	case "both":
+		return []string{"kfake", "apache"}, nil
+	case "":
+	default:
+		return nil, fmt.Errorf("-broker %q: want kfake, apache or both", flagValue)
+	}
+	if err := apachekafka.Available(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v: the embedded kfake broker only (-broker apache to insist)\n", err)
+		return []string{"kfake"}, nil
+	}
+	return []string{"kfake", "apache"}, nil
+}
+
+// broker is a Kafka the scenarios run on.
+type broker struct {
+	name    string // for the tables: kfake, or apache with its node count
+	cluster *apachekafka.Cluster
+	dir     string
+	seq     int // scenarios run on it, for unique topic names
+}
+
+func startBroker(kind string, nodes int) (*broker, error) {
+	if kind == "kfake" {
+		return &broker{name: "kfake"}, nil
+	}
+	started := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	wd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	root, err := apachekafka.ModuleRoot(wd)
+	if err != nil {
+		return nil, err
+	}
+	cache, err := apachekafka.DefaultCacheDir()
+	if err != nil {
+		return nil, err
+	}
+	jars, err := apachekafka.Jars(ctx, filepath.Join(root, apachekafka.POM), cache)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "billing-bench-kafka-")
+	if err != nil {
+		return nil, err
+	}
+	c, err := apachekafka.Start(ctx, apachekafka.Options{Nodes: nodes, Dir: dir, Jars: jars})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("apache kafka (-broker kfake runs without it): %w", err)
+	}
+	b := &broker{name: fmt.Sprintf("apache ×%d", nodes), cluster: c, dir: dir}
+	fmt.Printf("Apache Kafka %d node(s), KRaft, on %s: started in %s\n", nodes, strings.Join(c.Addrs(), ","), time.Since(started).Round(100*time.Millisecond))
+	// A JVM broker uses CPU while idle too (GC, the KRaft quorum's
+	// heartbeats); over a slow scenario that is a good part of its CPU per
+	// event, so say how much.
+	time.Sleep(3 * time.Second)
+	cpu0, err := b.cpu()
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	const sample = 5 * time.Second
+	time.Sleep(sample)
+	cpu1, err := b.cpu()
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	fmt.Printf("Apache Kafka idle: %d ms of CPU per second (all nodes)\n", ((cpu1 - cpu0) * time.Second / sample).Milliseconds())
+	return b, nil
+}
+
+func (b *broker) close() {
+	if b.cluster != nil {
+		b.cluster.Close()
+		os.RemoveAll(b.dir)
+	}
+}
+
+// kafkaNames are one scenario's topic, dead-letter topic and group.
+type kafkaNames struct{ topic, dlq, group string }
+
+// prepare gives a scenario its topics on b: on kfake a fresh broker with
+// the contract's names, on Apache Kafka fresh topics (deleted by the
+// returned function) and a group on the running cluster.
+func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanup func(), err error) {
+	if b.cluster == nil {
+		n = kafkaNames{topic: "orders.confirmed", dlq: "orders.confirmed.dlq", group: "billing-order-confirmed"}
+		dev, err := devkafka.Start(devkafka.Options{Topics: []string{n.topic, n.dlq}, Partitions: partitions})
+		if err != nil {
+			return nil, n, nil, err
+		}
+		return []string{dev.Addr()}, n, dev.Close, nil
+	}
+	b.seq++
+	suffix := fmt.Sprintf("bench.%d.%d", os.Getpid(), b.seq)
+	n = kafkaNames{topic: "orders.confirmed." + suffix, dlq: "orders.confirmed.dlq." + suffix, group: "billing-order-confirmed." + suffix}
+	addrs = b.cluster.Addrs()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V3_6_0_0
+	admin, err := sarama.NewClusterAdmin(addrs, cfg)
+	if err != nil {
+		return nil, n, nil, err
+	}
+	rf := int16(min(3, len(addrs)))
+	for _, t := range []string{n.topic, n.dlq} {
+		detail := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: rf}
+		if err := admin.CreateTopic(t, detail, false); err != nil {
+			admin.Close()
+			return nil, n, nil, fmt.Errorf("create topic %s: %w", t, err)
+		}
+	}
+	cleanup = func() {
+		_ = admin.DeleteTopic(n.topic)
+		_ = admin.DeleteTopic(n.dlq)
+		admin.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := b.cluster.WaitHealthy(ctx, time.Minute); err != nil {
+		cleanup()
+		return nil, n, nil, err
+	}
+	return addrs, n, cleanup, nil
+}
+
+// cpu is the CPU time Apache Kafka's nodes have used so far, 0 on kfake.
+func (b *broker) cpu() (time.Duration, error) {
+	if b.cluster == nil {
+		return 0, nil
+	}
+	var total time.Duration
+	for _, n := range b.cluster.Nodes() {
+		t, err := cpuTime(n.Pid())
+		if err != nil {
+			return 0, fmt.Errorf("node %d: %w", n.ID, err)
+		}
+		total += t
+	}
+	return total, nil
+}
+
+func runScenario(sc scenario, b *broker, binary, server string, partitions int32) (result, error) {
+	res := result{scenario: sc, broker: b.name}
 	dsn, drop, err := freshDatabase(server, "billing_bench")
 	if err != nil {
 		return res, err
 	}
 	defer drop()
 
-	broker, err := devkafka.Start(devkafka.Options{Topics: []string{topic, dlqTopic}, Partitions: partitions})
+	addrs, names, cleanup, err := b.prepare(partitions)
 	if err != nil {
 		return res, err
 	}
-	defer broker.Close()
+	defer cleanup()
 	psp := fakepsp.New(fakepsp.Options{Latency: sc.latency, Seed: 1})
 	pspSrv := httptest.NewServer(psp)
 	defer pspSrv.Close()
 
 	env := append(os.Environ(),
-		"KAFKA_BROKERS="+broker.Addr(), "DATABASE_URL="+dsn, "PAYMENT_BASE_URL="+pspSrv.URL,
-		"HTTP_ADDR="+freeAddr(), "LOG_LEVEL=warn")
+		"KAFKA_BROKERS="+strings.Join(addrs, ","), "KAFKA_TOPIC="+names.topic, "KAFKA_DLQ_TOPIC="+names.dlq, "KAFKA_GROUP_ID="+names.group,
+		"DATABASE_URL="+dsn, "PAYMENT_BASE_URL="+pspSrv.URL, "HTTP_ADDR="+freeAddr(), "LOG_LEVEL=warn")
 	env = append(env, sc.env...)
 	migrate := exec.Command(binary, "migrate")
 	migrate.Env = env
@@ -168,7 +344,7 @@ func runScenario(sc scenario, binary, server string, partitions int32) (result, 
 	}
 
 	// Pre-produce the backlog.
-	kcfg := config.Kafka{Brokers: []string{broker.Addr()}, ClientID: "bench", Version: "3.6.0"}
+	kcfg := config.Kafka{Brokers: addrs, ClientID: "bench", Version: "3.6.0"}
 	pcfg, err := kafka.ProducerConfig(kcfg)
 	if err != nil {
 		return res, err
@@ -181,7 +357,7 @@ func runScenario(sc scenario, binary, server string, partitions int32) (result, 
 	if err != nil {
 		return res, err
 	}
-	pub, err := loadgen.Publish(context.Background(), producer, gen, loadgen.PublishOptions{Topic: topic})
+	pub, err := loadgen.Publish(context.Background(), producer, gen, loadgen.PublishOptions{Topic: names.topic})
 	producer.Close()
 	if err != nil {
 		return res, err
@@ -192,7 +368,7 @@ func runScenario(sc scenario, binary, server string, partitions int32) (result, 
 		return res, err
 	}
 	defer client.Close()
-	end, err := kafka.EndOffsets(client, topic)
+	end, err := kafka.EndOffsets(client, names.topic)
 	if err != nil {
 		return res, err
 	}
@@ -227,9 +403,13 @@ func runScenario(sc scenario, binary, server string, partitions int32) (result, 
 	if err != nil {
 		return res, err
 	}
+	broker0, err := b.cpu()
+	if err != nil {
+		return res, err
+	}
 
 	for {
-		done, err := caughtUp(client, end)
+		done, err := caughtUp(client, names, end)
 		if err != nil {
 			return res, err
 		}
@@ -246,6 +426,11 @@ func runScenario(sc scenario, binary, server string, partitions int32) (result, 
 	if err != nil {
 		return res, err
 	}
+	broker1, err := b.cpu()
+	if err != nil {
+		return res, err
+	}
+	res.brokerCPU = time.Duration(float64(broker1-broker0) / float64(res.produced) * 1000)
 	res.eventsPerS = float64(res.produced) / res.elapsed.Seconds()
 	res.cpuPer1000 = time.Duration(float64(cpu1-cpu0) / float64(res.produced) * 1000)
 	if res.peakRSS, err = peakRSS(cmd.Process.Pid); err != nil {
@@ -268,8 +453,8 @@ func runScenario(sc scenario, binary, server string, partitions int32) (result, 
 }
 
 // caughtUp reports whether the group committed every partition to end.
-func caughtUp(client sarama.Client, end map[int32]int64) (bool, error) {
-	committed, err := kafka.CommittedOffsets(client, group, topic)
+func caughtUp(client sarama.Client, n kafkaNames, end map[int32]int64) (bool, error) {
+	committed, err := kafka.CommittedOffsets(client, n.group, n.topic)
 	if err != nil {
 		return false, err
 	}
@@ -433,28 +618,62 @@ func runPgbench(server string, d time.Duration) (float64, error) {
 
 func printTable(results []result, pgTPS float64) {
 	fmt.Println()
-	fmt.Println("| scenario | events | events/s | occurredAt→commit p50 / p99 | take→commit p50 / p99 | events per tx | CPU per 1,000 events | peak RSS | orders charged twice |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Println("| scenario | broker | events | events/s | occurredAt→commit p50 / p99 | take→commit p50 / p99 | events per tx | CPU per 1,000 events | broker CPU per 1,000 events | peak RSS | orders charged twice |")
+	fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, r := range results {
-		fmt.Printf("| %s | %d | %.0f | %s / %s | %s / %s | %.1f | %d ms | %.1f MiB | %d |\n",
-			r.name, r.produced, r.eventsPerS, secs(r.p50), secs(r.p99), secs(r.proc50), secs(r.proc99),
-			r.txEvents, r.cpuPer1000.Milliseconds(), float64(r.peakRSS)/(1<<20), r.doubleOrder)
+		brokerCPU := "in process"
+		if r.brokerCPU > 0 {
+			brokerCPU = fmt.Sprintf("%d ms", r.brokerCPU.Milliseconds())
+		}
+		fmt.Printf("| %s | %s | %d | %.0f | %s / %s | %s / %s | %.1f | %d ms | %s | %.1f MiB | %d |\n",
+			r.name, r.broker, r.produced, r.eventsPerS, secs(r.p50), secs(r.p99), secs(r.proc50), secs(r.proc99),
+			r.txEvents, r.cpuPer1000.Milliseconds(), brokerCPU, float64(r.peakRSS)/(1<<20), r.doubleOrder)
 	}
-	byName := map[string]result{}
+	type key struct{ name, broker string }
+	byKey := map[key]result{}
+	var brokers []string
 	for _, r := range results {
-		byName[r.name] = r
-	}
-	for _, lat := range []string{"0 ms", "50 ms"} {
-		b, okB := byName["billing, provider "+lat]
-		s, okS := byName["seed design, provider "+lat]
-		if okB && okS {
-			fmt.Printf("\nprovider %s: billing / seed design = %.1f×", lat, b.eventsPerS/s.eventsPerS)
+		byKey[key{r.name, r.broker}] = r
+		if !slices.Contains(brokers, r.broker) {
+			brokers = append(brokers, r.broker)
 		}
 	}
-	if b, ok := byName["billing, provider 0 ms"]; ok && pgTPS > 0 {
-		fmt.Printf("\npgbench, billing's per-event SQL (16 clients): %.0f tx/s; billing at 0 ms reaches %.0f%% of it", pgTPS, 100*b.eventsPerS/pgTPS)
-	}
 	fmt.Println()
+	for _, b := range brokers {
+		for _, lat := range []string{"0 ms", "50 ms"} {
+			bill, okB := byKey[key{"billing, provider " + lat, b}]
+			seed, okS := byKey[key{"seed design, provider " + lat, b}]
+			if okB && okS {
+				fmt.Printf("%s, provider %s: billing / seed design = %.1f×\n", b, lat, bill.eventsPerS/seed.eventsPerS)
+			}
+		}
+		if bill, ok := byKey[key{"billing, provider 0 ms", b}]; ok && pgTPS > 0 {
+			fmt.Printf("%s: billing at 0 ms reaches %.0f%% of pgbench (billing's per-event SQL, 16 clients: %.0f tx/s)\n", b, 100*bill.eventsPerS/pgTPS, pgTPS)
+		}
+	}
+	if len(brokers) == 2 {
+		// Side by side: what the second broker (Apache Kafka) costs or
+		// gives compared with the first (the embedded one).
+		a, z := brokers[0], brokers[1]
+		fmt.Println()
+		fmt.Printf("| scenario | events/s %s | events/s %s | %s / %s | take→commit p99 %s / %s | CPU per 1,000 events %s / %s | peak RSS %s / %s |\n", a, z, z, a, a, z, a, z, a, z)
+		fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+		var names []string
+		for _, r := range results {
+			if !slices.Contains(names, r.name) {
+				names = append(names, r.name)
+			}
+		}
+		for _, name := range names {
+			x, okX := byKey[key{name, a}]
+			y, okY := byKey[key{name, z}]
+			if !okX || !okY {
+				continue
+			}
+			fmt.Printf("| %s | %.0f | %.0f | %.2f | %s / %s | %d / %d ms | %.1f / %.1f MiB |\n", name, x.eventsPerS, y.eventsPerS, y.eventsPerS/x.eventsPerS,
+				secs(x.proc99), secs(y.proc99), x.cpuPer1000.Milliseconds(), y.cpuPer1000.Milliseconds(), float64(x.peakRSS)/(1<<20), float64(y.peakRSS)/(1<<20))
+		}
+	}
 }
 
 func secs(s float64) string {

@@ -214,6 +214,28 @@ func (c *Cluster) LogTail(lines int) string {
 	return b.String()
 }
 
+// Restore undoes what a fault left behind: it continues the paused nodes,
+// starts the ones that are not running (from their own log dirs, as a
+// restart after a crash does) and waits up to timeout until the cluster is
+// healthy. It returns the ids of the nodes it continued or started.
+func (c *Cluster) Restore(ctx context.Context, timeout time.Duration) ([]int, error) {
+	var touched []int
+	for _, n := range c.nodes {
+		switch {
+		case n.Paused():
+			n.Resume()
+		case !n.Running():
+			if err := n.Start(); err != nil {
+				return touched, err
+			}
+		default:
+			continue
+		}
+		touched = append(touched, n.ID)
+	}
+	return touched, c.WaitHealthy(ctx, timeout)
+}
+
 // WaitHealthy waits until every running node is in the cluster's metadata,
 // every partition of every topic has a leader and all its replicas in sync,
 // and the group coordinator answers.

@@ -35,30 +35,8 @@ func TestNode_TerminateAndStartKeepsItsData(t *testing.T) {
 		t.Skip(err)
 	}
 	ctx := context.Background()
-	wd, _ := os.Getwd()
-	root, err := apachekafka.ModuleRoot(wd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache, err := apachekafka.DefaultCacheDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	jars, err := apachekafka.Jars(ctx, filepath.Join(root, apachekafka.POM), cache)
-	if err != nil {
-		t.Fatal(err)
-	}
 	started := time.Now()
-	c, err := apachekafka.Start(ctx, apachekafka.Options{Nodes: 1, Dir: t.TempDir(), Jars: jars})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(c.LogTail(40))
-		}
-		c.Close()
-	})
+	c := startOne(t)
 	t.Logf("one node answering metadata with a group coordinator after %s", time.Since(started).Round(100*time.Millisecond))
 
 	cfg := sarama.NewConfig()
@@ -102,4 +80,72 @@ func TestNode_TerminateAndStartKeepsItsData(t *testing.T) {
 	if end, err := client.GetOffset("kept", 0, sarama.OffsetNewest); err != nil || end != 1 {
 		t.Fatalf("after the restart the topic's end offset is %d (%v), want 1", end, err)
 	}
+}
+
+// Restore continues a paused node and starts a killed one, and the cluster
+// is healthy again: what the chaos suite relies on between scenarios.
+func TestCluster_RestoreResumesAndRestarts(t *testing.T) {
+	if err := apachekafka.Available(); err != nil && os.Getenv("CI") != "true" {
+		t.Skip(err)
+	}
+	ctx := context.Background()
+	c := startOne(t)
+	node := c.Nodes()[0]
+
+	node.Pause()
+	if !node.Paused() || !node.Running() {
+		t.Fatalf("after Pause: Paused %v, Running %v; want both", node.Paused(), node.Running())
+	}
+	if err := c.WaitHealthy(ctx, 3*time.Second); err == nil {
+		t.Fatal("a paused node was reported healthy")
+	}
+	restored, err := c.Restore(ctx, time.Minute)
+	if err != nil || len(restored) != 1 || restored[0] != node.ID {
+		t.Fatalf("Restore after Pause = %v, %v; want [%d]", restored, err, node.ID)
+	}
+	if node.Paused() {
+		t.Fatal("still paused after Restore")
+	}
+
+	node.Kill()
+	if node.Running() {
+		t.Fatal("running after Kill")
+	}
+	restored, err = c.Restore(ctx, time.Minute)
+	if err != nil || len(restored) != 1 || restored[0] != node.ID {
+		t.Fatalf("Restore after Kill = %v, %v; want [%d]", restored, err, node.ID)
+	}
+	if restored, err := c.Restore(ctx, time.Minute); err != nil || len(restored) != 0 {
+		t.Fatalf("Restore of a healthy cluster = %v, %v; want nothing to do", restored, err)
+	}
+}
+
+// startOne starts a one-node cluster that is stopped when the test ends.
+func startOne(t *testing.T) *apachekafka.Cluster {
+	t.Helper()
+	ctx := context.Background()
+	wd, _ := os.Getwd()
+	root, err := apachekafka.ModuleRoot(wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := apachekafka.DefaultCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	jars, err := apachekafka.Jars(ctx, filepath.Join(root, apachekafka.POM), cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := apachekafka.Start(ctx, apachekafka.Options{Nodes: 1, Dir: t.TempDir(), Jars: jars})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(c.LogTail(40))
+		}
+		c.Close()
+	})
+	return c
 }

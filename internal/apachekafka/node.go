@@ -228,6 +228,13 @@ func (n *Node) Pause() {
 	}
 }
 
+// Paused reports whether the node is stopped with SIGSTOP.
+func (n *Node) Paused() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.paused && n.cmd != nil && !isClosed(n.exited)
+}
+
 // Resume continues a paused node with SIGCONT.
 func (n *Node) Resume() {
 	if n.signal(syscall.SIGCONT) {

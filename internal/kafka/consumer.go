@@ -133,8 +133,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	})
 
+	// A failed join is retried within 2s at most: on Apache Kafka the group
+	// coordinator's broker dying leaves no coordinator until the controller
+	// fences it (broker.session.timeout.ms, 9s), and a backoff grown to 10s
+	// by then kept the whole group idle for seconds after the new
+	// coordinator was ready (measured in the chaos suite's
+	// coordinator-kill-9). A join attempt to a dead or absent coordinator is
+	// cheap; this costs one warning per process every 2s of an outage.
 	retry := backoff.NewExponentialBackOff()
-	retry.MaxInterval = 10 * time.Second
+	retry.MaxInterval = 2 * time.Second
 	for ctx.Err() == nil {
 		// Consume returns when the session ends: on shutdown, or after an
 		// eager rebalance or a lost session; then join again.
