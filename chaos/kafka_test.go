@@ -84,14 +84,14 @@ func startApache(dir string) (*apachekafka.Cluster, error) {
 // shared cluster is healthy again, topics and a group of the scenario's own.
 func (r *run) setUpKafka() error {
 	if suite.kafka == nil {
-		b, err := devkafka.Start(devkafka.Options{Topics: []string{kafkatest.Topic, kafkatest.DLQTopic}, Partitions: partitions})
+		b, err := devkafka.Start(devkafka.Options{Topics: []string{kafkatest.Topic, kafkatest.DLQTopic, kafkatest.OutcomeTopic}, Partitions: partitions})
 		if err != nil {
 			return err
 		}
 		r.t.Cleanup(b.Close)
 		r.embedded = b
 		r.brokers = b.Addr()
-		r.topic, r.dlqTopic, r.group = kafkatest.Topic, kafkatest.DLQTopic, kafkatest.Group
+		r.topic, r.dlqTopic, r.outcomeTopic, r.group = kafkatest.Topic, kafkatest.DLQTopic, kafkatest.OutcomeTopic, kafkatest.Group
 		r.client = kafkatest.Client(r.t, r.brokers)
 		return r.openProbe()
 	}
@@ -112,6 +112,7 @@ func (r *run) setUpKafka() error {
 	suffix := r.sc.name + "." + randomHex(3)
 	r.topic = kafkatest.Topic + ".chaos." + suffix
 	r.dlqTopic = r.topic + ".dlq"
+	r.outcomeTopic = kafkatest.OutcomeTopic + ".chaos." + suffix
 	r.group = kafkatest.Group + ".chaos." + suffix
 	r.client = kafkatest.Client(r.t, r.brokers)
 	if err := r.openProbe(); err != nil {
@@ -122,7 +123,7 @@ func (r *run) setUpKafka() error {
 		return err
 	}
 	// Not closed: that would close the shared client.
-	for _, name := range []string{r.topic, r.dlqTopic} {
+	for _, name := range []string{r.topic, r.dlqTopic, r.outcomeTopic} {
 		detail := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 3,
 			ConfigEntries: map[string]*string{"min.insync.replicas": new("2")}}
 		if err := admin.CreateTopic(name, detail, false); err != nil {
@@ -141,6 +142,9 @@ func (r *run) setUpKafka() error {
 		}
 		if err := admin.DeleteTopic(r.dlqTopic); err != nil {
 			r.t.Logf("delete topic %s: %v", r.dlqTopic, err)
+		}
+		if err := admin.DeleteTopic(r.outcomeTopic); err != nil {
+			r.t.Logf("delete topic %s: %v", r.outcomeTopic, err)
 		}
 	})
 	if err := suite.kafka.WaitHealthy(ctx, time.Minute); err != nil {

@@ -186,6 +186,9 @@ type summaryRow struct {
 	lost      int
 	dlqRepark int
 	zombies   int // members of dead processes the suite evicted (see reapZombies)
+	// outcomes is the number of distinct payment outcome events published,
+	// settled the number of settled events that should have one.
+	outcomes, settled int
 	// recovery is the time from the end of the last injected fault to the
 	// moment the group's committed offsets reached the end offsets (0 when
 	// they had before it ended); afterStream the same from the moment the
@@ -218,11 +221,11 @@ func printSummary(w io.Writer) {
 		broker = "Apache Kafka, 3 nodes"
 	}
 	fmt.Fprintf(w, "\nchaos summary (%s; seed %d, total %s)\n", broker, suite.seed, time.Since(suite.started).Round(time.Second))
-	header := []string{"scenario", "seed", "messages", "valid", "dups (x-part)", "invalid", "double", "lost", "dlq re-park", "evicted", "slowest stop", "lag 0 after fault end (stream end)", "time", "result", "faults injected"}
+	header := []string{"scenario", "seed", "messages", "valid", "dups (x-part)", "invalid", "double", "lost", "dlq re-park", "outcomes", "evicted", "slowest stop", "lag 0 after fault end (stream end)", "time", "result", "faults injected"}
 	rows := [][]string{header}
 	for _, r := range suite.rows {
 		if r.skipped != "" {
-			rows = append(rows, []string{r.scenario, "", "", "", "", "", "", "", "", "", "", "", "", "SKIP", r.skipped})
+			rows = append(rows, []string{r.scenario, "", "", "", "", "", "", "", "", "", "", "", "", "", "SKIP", r.skipped})
 			continue
 		}
 		result := "PASS"
@@ -242,7 +245,7 @@ func printSummary(w io.Writer) {
 		rows = append(rows, []string{
 			r.scenario, strconv.FormatInt(r.seed, 10), strconv.Itoa(r.messages), strconv.Itoa(r.valid),
 			fmt.Sprintf("%d (%d)", r.dups, r.cross), strconv.Itoa(r.invalid), strconv.Itoa(r.double), strconv.Itoa(r.lost),
-			strconv.Itoa(r.dlqRepark), evicted, r.maxStop.Round(100 * time.Millisecond).String(),
+			strconv.Itoa(r.dlqRepark), fmt.Sprintf("%d/%d", r.outcomes, r.settled), evicted, r.maxStop.Round(100 * time.Millisecond).String(),
 			recovery, r.elapsed.Round(time.Second).String(), result, r.faults,
 		})
 	}

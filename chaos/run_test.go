@@ -19,6 +19,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/postgres"
 )
 
 const (
@@ -44,6 +45,9 @@ type scenario struct {
 	// only, when set, is the one broker (brokerApache, brokerKfake) the
 	// scenario can run on, and why says why.
 	only, why string
+	// seconds sends a second, different event for every valid event's
+	// order, on another partition (see stream.seconds).
+	seconds bool
 }
 
 // run is the state of one scenario.
@@ -66,9 +70,9 @@ type run struct {
 	// The run's Kafka: its bootstrap addresses (KAFKA_BROKERS), topics and
 	// group. embedded is the kfake broker of a run on kfake, nil on Apache
 	// Kafka (whose cluster is suite.kafka).
-	brokers                string
-	topic, dlqTopic, group string
-	embedded               *devkafka.Broker
+	brokers                              string
+	topic, dlqTopic, outcomeTopic, group string
+	embedded                             *devkafka.Broker
 
 	mu         sync.Mutex
 	consumers  map[int]*consumer // running, by slot
@@ -149,6 +153,7 @@ func newRun(t *testing.T, sc scenario) *run {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.stream.seconds = sc.seconds
 
 	// The consumer group.
 	t.Cleanup(r.killAll) // after a failure; normally they are stopped already
@@ -249,17 +254,18 @@ func (r *run) sleepUntil(d time.Duration) {
 
 func (r *run) env(c *consumer) map[string]string {
 	return map[string]string{
-		"KAFKA_BROKERS":    r.brokers,
-		"KAFKA_TOPIC":      r.topic,
-		"KAFKA_DLQ_TOPIC":  r.dlqTopic,
-		"KAFKA_GROUP_ID":   r.group,
-		"KAFKA_CLIENT_ID":  c.name,
-		"DATABASE_URL":     r.dsn,
-		"PAYMENT_BASE_URL": r.psp.url,
-		"PAYMENT_TIMEOUT":  "2s",
-		"HTTP_ADDR":        c.addr,
-		"LOG_LEVEL":        "info",
-		"DRAIN_TIMEOUT":    drainTimeout.String(),
+		"KAFKA_BROKERS":       r.brokers,
+		"KAFKA_TOPIC":         r.topic,
+		"KAFKA_DLQ_TOPIC":     r.dlqTopic,
+		"KAFKA_OUTCOME_TOPIC": r.outcomeTopic,
+		"KAFKA_GROUP_ID":      r.group,
+		"KAFKA_CLIENT_ID":     c.name,
+		"DATABASE_URL":        r.dsn,
+		"PAYMENT_BASE_URL":    r.psp.url,
+		"PAYMENT_TIMEOUT":     "2s",
+		"HTTP_ADDR":           c.addr,
+		"LOG_LEVEL":           "info",
+		"DRAIN_TIMEOUT":       drainTimeout.String(),
 	}
 }
 
@@ -690,6 +696,7 @@ func runScenario(t *testing.T, sc scenario) {
 			r.elapsed(), lagZero.Sub(r.start).Round(100*time.Millisecond), row.recovery.Round(100*time.Millisecond),
 			row.afterStream.Round(100*time.Millisecond))
 	}
+	r.waitOutboxPublished(time.Minute)
 	r.stopAll()
 	r.mu.Lock()
 	for _, u := range r.unexpected {
@@ -706,6 +713,31 @@ func runScenario(t *testing.T, sc scenario) {
 	res := r.verify()
 	row.messages, row.valid, row.dups, row.invalid, row.cross = res.messages, res.valid, res.dups, res.invalid, res.cross
 	row.double, row.lost, row.dlqRepark = res.double, res.lost, res.dlqRepark
+	row.outcomes, row.settled = res.outcomes, res.settled
+}
+
+// waitOutboxPublished waits until the outbox relay of the running
+// consumers has published every payment outcome event recorded.
+func (r *run) waitOutboxPublished(timeout time.Duration) {
+	db, err := postgres.Open(r.dsn, 1)
+	if err != nil {
+		r.t.Errorf("open database: %v", err)
+		return
+	}
+	defer db.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		var waiting int
+		err := db.Get(&waiting, `SELECT count(*) FROM outbox WHERE published_at IS NULL`)
+		if err == nil && waiting == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Errorf("%d payment outcome events still unpublished after %s (%v)", waiting, timeout, err)
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }
 
 // reapAfter is how long after a process died the suite removes its member

@@ -15,12 +15,14 @@ import (
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/order"
 )
 
 // sent is one message the broker acknowledged, and what it is.
 type sent struct {
 	kind      loadgen.Kind
 	cross     bool // a same-bytes copy of a valid event sent to another partition
+	second    bool // a second, different event confirming an order, on another partition
 	orderID   int64
 	defect    string
 	key       []byte
@@ -42,12 +44,18 @@ type stream struct {
 	count      int
 	rate       float64 // messages per second
 	crossRate  float64 // share of valid events that also get a copy on another partition
-	rng        *rand.Rand
-	gen        *loadgen.Generator
+	// seconds: every valid event gets a second, different event confirming
+	// the same order (a new eventId, the same payload) on another partition,
+	// right behind it: the two race to charge one order.
+	seconds bool
+	rng     *rand.Rand
+	gen     *loadgen.Generator
 
 	mu       sync.Mutex
 	acked    []*sent
 	expected loadgen.Expected
+	// secondEvents are the second events, by id.
+	secondEvents map[string]loadgen.Event
 }
 
 func newStream(topic string, partitions int32, count int, rate float64, seed int64) (*stream, error) {
@@ -159,6 +167,11 @@ func (s *stream) publish(ctx context.Context, brokers string) error {
 		if err := send(m); err != nil {
 			return err
 		}
+		if msg.Kind == loadgen.Valid && s.seconds {
+			if err := s.sendSecond(m, send); err != nil {
+				return err
+			}
+		}
 		if msg.Kind != loadgen.Valid || s.rng.Float64() >= s.crossRate {
 			continue
 		}
@@ -195,6 +208,32 @@ func (s *stream) publish(ctx context.Context, brokers string) error {
 		return fmt.Errorf("publish: %w", firstErr)
 	}
 	return nil
+}
+
+// sendSecond sends a second event confirming first's order: a new eventId,
+// the same order, customer and amount, to another partition under the same
+// key (a producer that partitioned by something else).
+func (s *stream) sendSecond(first *sent, send func(*sent) error) error {
+	ev, err := order.Parse(first.value)
+	if err != nil {
+		return err
+	}
+	second, err := order.New(ev.OrderID, ev.CustomerID, ev.Amount, time.Now())
+	if err != nil {
+		return err
+	}
+	value, err := second.MarshalJSON()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.secondEvents == nil {
+		s.secondEvents = map[string]loadgen.Event{}
+	}
+	s.secondEvents[second.ID.String()] = loadgen.Event{ID: second.ID, OrderID: second.OrderID, CustomerID: second.CustomerID, Amount: second.Amount}
+	s.mu.Unlock()
+	return send(&sent{kind: loadgen.Valid, second: true, orderID: ev.OrderID, key: first.key, value: value,
+		partition: (first.partition + 1 + s.rng.Int32N(s.partitions-1)) % s.partitions})
 }
 
 // messages returns the acknowledged messages.

@@ -4,6 +4,7 @@ package chaos_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -20,6 +21,7 @@ type result struct {
 	messages, valid, dups, invalid int
 	cross                          int // of dups: copies on another partition
 	double, lost, dlqRepark        int
+	outcomes, settled              int // distinct outcome events published; settled events
 }
 
 // position is a message's place in the order topic.
@@ -35,24 +37,39 @@ func (r *run) verify() result {
 	msgs := r.stream.messages()
 	exp := r.stream.expected
 	var res result
+	// With seconds, every order has two different events, and one charge.
+	seconds := len(r.stream.secondEvents)
+	paired := r.stream.seconds
 	res.messages = len(msgs)
-	res.valid, res.invalid = exp.Unique, exp.Invalid
-	res.dups = len(msgs) - exp.Unique - exp.Invalid
+	res.valid, res.invalid = exp.Unique+seconds, exp.Invalid
+	res.dups = len(msgs) - exp.Unique - exp.Invalid - seconds
 	for _, m := range msgs {
 		if m.cross {
 			res.cross++
 		}
 	}
-	if exp.Produced+res.dups-exp.Duplicates != len(msgs) {
-		t.Errorf("acknowledged %d messages, generated %d plus %d cross-partition copies", len(msgs), exp.Produced, res.dups-exp.Duplicates)
+	if exp.Produced+res.dups-exp.Duplicates+seconds != len(msgs) {
+		t.Errorf("acknowledged %d messages, generated %d plus %d cross-partition copies and %d second events", len(msgs), exp.Produced, res.dups-exp.Duplicates, seconds)
 	}
 
 	events := map[string]loadgen.Event{}
 	for _, ev := range exp.Events {
 		events[ev.ID.String()] = ev
 	}
+	for id, ev := range r.stream.secondEvents {
+		events[id] = ev
+	}
 	declined := func(ev loadgen.Event) bool { return ev.OrderID%declineEvery == 0 }
 	wantDeclines := exp.Declined(declineEvery)
+	wantKeys := exp.Unique
+	if paired {
+		// A declined order's second event asks too; a paid one's does not.
+		wantKeys += wantDeclines
+		wantDeclines *= 2
+	}
+	// chargedOrders are the orders the provider charged: with seconds, one
+	// event of the order is charged and the other is already_charged.
+	chargedOrders := map[int64]bool{}
 	lost := map[string]string{} // event id -> where it is missing
 
 	// --- The broker: what was published is in the topic, and the group
@@ -112,19 +129,22 @@ func (r *run) verify() result {
 		t.Errorf("provider ordersChargedTwice = %d", st.OrdersChargedTwice)
 		res.double = max(res.double, int(st.OrdersChargedTwice))
 	}
+	for _, c := range charges {
+		chargedOrders[c.OrderID] = true
+	}
 	for id, ev := range events {
-		if !declined(ev) && len(byKey[id]) == 0 {
+		if !declined(ev) && len(byKey[id]) == 0 && (!paired || !chargedOrders[ev.OrderID]) {
 			lost[id] = "not charged at the provider"
 		}
 	}
-	if int(st.ChargesCreated) != exp.Unique-wantDeclines {
-		t.Errorf("provider created %d charges, want %d", st.ChargesCreated, exp.Unique-wantDeclines)
+	if int(st.ChargesCreated) != exp.Unique-exp.Declined(declineEvery) {
+		t.Errorf("provider created %d charges, want %d", st.ChargesCreated, exp.Unique-exp.Declined(declineEvery))
 	}
 	if int(st.Declines) != wantDeclines {
 		t.Errorf("provider declined %d requests, want %d", st.Declines, wantDeclines)
 	}
-	if int(st.DistinctKeys) != exp.Unique {
-		t.Errorf("provider holds outcomes of %d keys, want %d (one per valid event)", st.DistinctKeys, exp.Unique)
+	if int(st.DistinctKeys) != wantKeys {
+		t.Errorf("provider holds outcomes of %d keys, want %d (one per charged order, one per declined event)", st.DistinctKeys, wantKeys)
 	}
 	if st.Mismatches != 0 || st.Unauthorized != 0 {
 		t.Errorf("provider saw %d key mismatches, %d unauthorized: want none", st.Mismatches, st.Unauthorized)
@@ -215,14 +235,65 @@ func (r *run) verify() result {
 			t.Errorf("order %d has %d succeeded charge rows", order, n)
 		}
 	}
-	for id := range events {
-		if !rowOf[id] {
+	for id, ev := range events {
+		if !rowOf[id] && (!paired || declined(ev) || succeeded[ev.OrderID] == 0) {
 			lost[id] += "; no charge row"
 		}
 	}
 	for id := range byKey {
 		if _, ok := events[id]; ok && !rowOf[id] {
 			t.Errorf("the provider charged %s but the charge table does not know it", id)
+		}
+	}
+
+	// --- The outcome topic: every settled event announced once (by
+	// eventId, after dedup), with the right type and amount; nothing else.
+	statusOf := map[string]string{}
+	for _, row := range rows {
+		statusOf[row.EventID] = row.Status
+	}
+	res.settled = len(rows)
+	outcomes, err := readTopic(r.client, r.outcomeTopic)
+	if err != nil {
+		t.Fatalf("read the outcome topic: %v", err)
+	}
+	announced := map[string]string{} // causation id -> outcome eventId
+	for _, m := range outcomes {
+		var o struct {
+			EventID     string          `json:"eventId"`
+			EventType   string          `json:"eventType"`
+			CausationID string          `json:"causationId"`
+			OrderID     int64           `json:"orderId"`
+			TotalAmount json.RawMessage `json:"totalAmount"`
+			Currency    string          `json:"currency"`
+		}
+		if err := json.Unmarshal(m.Value, &o); err != nil {
+			t.Errorf("outcome %d/%d is not JSON: %v", m.Partition, m.Offset, err)
+			continue
+		}
+		if prev, ok := announced[o.CausationID]; ok {
+			if prev != o.EventID {
+				t.Errorf("order event %s announced twice, as %s and %s", o.CausationID, prev, o.EventID)
+			}
+			continue // a re-publication: the consumer deduplicates it
+		}
+		announced[o.CausationID] = o.EventID
+		ev, ok := events[o.CausationID]
+		want := "payment." + statusOf[o.CausationID] + ".v1"
+		switch {
+		case !ok:
+			t.Errorf("outcome %s for %s, which is not a valid event", o.EventID, o.CausationID)
+		case o.EventType != want:
+			t.Errorf("outcome %s of %s is %s, the charge table says %s", o.EventID, o.CausationID, o.EventType, want)
+		case o.OrderID != ev.OrderID || string(o.TotalAmount) != ev.Amount.Decimal() || o.Currency != ev.Amount.Currency:
+			t.Errorf("outcome %s of %s: order %d %s %s, want order %d %s %s", o.EventID, o.CausationID,
+				o.OrderID, o.TotalAmount, o.Currency, ev.OrderID, ev.Amount.Decimal(), ev.Amount.Currency)
+		}
+	}
+	res.outcomes = len(announced)
+	for _, row := range rows {
+		if _, ok := announced[row.EventID]; !ok {
+			t.Errorf("settled event %s (%s) was never announced on %s", row.EventID, row.Status, r.outcomeTopic)
 		}
 	}
 
