@@ -398,13 +398,8 @@ func withDB(server, name string, params map[string]string) (string, error) {
 }
 
 func createDatabase(ctx context.Context, server string) (string, error) {
-	admin, err := postgres.Open(server, 1)
-	if err != nil {
-		return "", err
-	}
-	defer admin.Close()
 	name := "billing_bench_" + randomHex(6)
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+	if _, err := postgres.Recreate(ctx, server, name); err != nil {
 		return "", fmt.Errorf("create database on %s: %w", postgres.Redact(server), err)
 	}
 	return name, nil
@@ -412,15 +407,9 @@ func createDatabase(ctx context.Context, server string) (string, error) {
 
 // dropDatabase runs with a fresh context: it must happen after a signal too.
 func dropDatabase(server, name string) error {
-	admin, err := postgres.Open(server, 1)
-	if err != nil {
-		return err
-	}
-	defer admin.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, err = admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	return err
+	return postgres.Drop(ctx, server, name)
 }
 
 func randomHex(n int) string {

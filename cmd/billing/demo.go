@@ -8,7 +8,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,7 +20,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -618,17 +616,10 @@ func (d *demo) close() {
 }
 
 // recreateDatabase drops and creates the database name on the server of
-// serverURL, and returns its URL. It touches no other database.
+// serverURL, and returns its URL, saying how to get a server when none
+// answers. It touches no other database.
 func recreateDatabase(ctx context.Context, serverURL, name string) (string, error) {
-	u, err := url.Parse(serverURL)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return "", fmt.Errorf("demo: DATABASE_URL must be a postgres:// URL, got %q", postgres.Redact(serverURL))
-	}
-	admin := *u
-	if strings.TrimPrefix(admin.Path, "/") == name {
-		admin.Path = "/postgres" // cannot drop the database we are connected to
-	}
-	db, err := postgres.Open(admin.String(), 1)
+	db, err := postgres.Open(serverURL, 1)
 	if err != nil {
 		return "", fmt.Errorf("demo: DATABASE_URL: %w", err)
 	}
@@ -638,18 +629,15 @@ func recreateDatabase(ctx context.Context, serverURL, name string) (string, erro
 	if err := db.PingContext(pingCtx); err != nil {
 		if postgres.IsConfigError(err) {
 			return "", fmt.Errorf("demo: PostgreSQL at %s refused the connection (%v); "+
-				"set DATABASE_URL to a server and a role that may create databases", postgres.Redact(admin.String()), err)
+				"set DATABASE_URL to a server and a role that may create databases", postgres.Redact(serverURL), err)
 		}
-		return "", noDatabaseError(admin.String(), err)
+		return "", noDatabaseError(serverURL, err)
 	}
-	quoted := pq.QuoteIdentifier(name)
-	for _, q := range []string{"DROP DATABASE IF EXISTS " + quoted + " WITH (FORCE)", "CREATE DATABASE " + quoted} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			return "", fmt.Errorf("demo: %s: %w", q, err)
-		}
+	dsn, err := postgres.Recreate(ctx, serverURL, name)
+	if err != nil {
+		return "", fmt.Errorf("demo: %w", err)
 	}
-	u.Path = "/" + name
-	return u.String(), nil
+	return dsn, nil
 }
 
 func noDatabaseError(serverURL string, err error) error {

@@ -7,7 +7,11 @@ import (
 	"io"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/reconcile"
 )
@@ -100,11 +104,9 @@ func reconcileCmd(ctx context.Context, args []string, environ map[string]string,
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer db.Close()
-	ledger := reconcile.NewHTTPLedger(reconcile.HTTPConfig{
-		BaseURL: cfg.Payment.BaseURL,
-		APIKey:  cfg.Payment.APIKey,
-		Timeout: cfg.Payment.Timeout,
-	})
+	ledger := payment.New(payment.Config{BaseURL: cfg.Payment.BaseURL, APIKey: cfg.Payment.APIKey, Timeout: cfg.Payment.Timeout},
+		metrics.New(prometheus.NewRegistry()))
+	defer ledger.Close()
 
 	rep, err := reconcile.Reconcile(ctx, reconcile.NewStore(db), ledger, win, reconcile.Options{Slack: *slack})
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"testing"
 	"time"
@@ -55,36 +54,21 @@ func New(t testing.TB) (*sqlx.DB, string) {
 func Empty(t testing.TB) string {
 	t.Helper()
 	server := ServerURL()
-	admin, err := postgres.Open(server, 2)
-	if err != nil {
-		t.Fatalf("open %s: %v", postgres.Redact(server), err)
-	}
-	defer admin.Close()
-
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	name := "billing_test_" + hex.EncodeToString(suffix)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+	dsn, err := postgres.Recreate(ctx, server, name)
+	if err != nil {
 		t.Fatalf("create test database (is PostgreSQL running at %s?): %v", postgres.Redact(server), err)
 	}
 	t.Cleanup(func() {
-		admin, err := postgres.Open(server, 1)
-		if err != nil {
-			t.Errorf("drop test database: %v", err)
-			return
-		}
-		defer admin.Close()
-		if _, err := admin.Exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := postgres.Drop(ctx, server, name); err != nil {
 			t.Errorf("drop test database %s: %v", name, err)
 		}
 	})
-
-	u, err := url.Parse(server)
-	if err != nil {
-		t.Fatalf("TEST_DATABASE_URL must be a URL: %v", err)
-	}
-	u.Path = "/" + name
-	return u.String()
+	return dsn
 }

@@ -24,6 +24,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"example.com/billing/internal/payment"
 )
 
 // Record is billing's side: one row of the charge table.
@@ -38,17 +40,9 @@ type Record struct {
 	CreatedAt        time.Time `json:"createdAt"`
 }
 
-// Charge is the provider's side: one charge it created.
-type Charge struct {
-	ID             string    `json:"id"`
-	IdempotencyKey string    `json:"idempotencyKey,omitempty"`
-	OrderID        int64     `json:"orderId"`
-	CustomerID     int64     `json:"customerId"`
-	Amount         int64     `json:"amount"` // minor units
-	Currency       string    `json:"currency"`
-	Status         string    `json:"status"`
-	Created        time.Time `json:"created"`
-}
+// Charge is the provider's side: one charge it created, as the payment
+// client lists it.
+type Charge = payment.ListedCharge
 
 // Statuses of a charge row. Only a succeeded charge moved money, so only
 // those are compared; a pending row is an attempt whose answer is not
@@ -60,7 +54,7 @@ const (
 	StatusPending   = "pending"
 )
 
-// Ledger is the provider's record of charges.
+// Ledger is the provider's record of charges (payment.Client).
 //
 // Charges returns every charge created in [from, to), in any order. An
 // implementation for a provider whose list API pages (Stripe's has_more and

@@ -1,23 +1,23 @@
 package reconcile_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/payment"
 	"example.com/billing/internal/reconcile"
 )
 
@@ -27,7 +27,7 @@ type world struct {
 	db     *sqlx.DB
 	psp    *fakepsp.Server
 	url    string
-	ledger *reconcile.HTTPLedger
+	ledger *payment.Client
 }
 
 // newWorld starts the provider and, withDB, creates a database.
@@ -38,7 +38,7 @@ func newWorld(t *testing.T, withDB bool) *world {
 	srv := httptest.NewServer(psp)
 	t.Cleanup(srv.Close)
 	w := &world{t: t, psp: psp, url: srv.URL,
-		ledger: reconcile.NewHTTPLedger(reconcile.HTTPConfig{BaseURL: srv.URL, APIKey: "sk_test", Timeout: 5 * time.Second})}
+		ledger: payment.New(payment.Config{BaseURL: srv.URL, APIKey: "sk_test", Timeout: 5 * time.Second}, metrics.New(prometheus.NewRegistry()))}
 	if withDB {
 		w.db, _ = dbtest.New(t)
 	}
@@ -161,90 +161,9 @@ func TestReconcile_DatabaseDown(t *testing.T) {
 	}
 }
 
-// pagingProvider serves charges Stripe-style, size per page, newest first.
-func pagingProvider(t *testing.T, charges []reconcile.Charge, size int, requests *atomic.Int32) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		requests.Add(1)
-		if r.Header.Get("Authorization") != "Bearer k" {
-			http.Error(rw, `{"error":{"type":"authentication_error"}}`, http.StatusUnauthorized)
-			return
-		}
-		q := r.URL.Query()
-		if q.Get("created_gte") == "" || q.Get("created_lt") == "" {
-			http.Error(rw, "window missing", http.StatusBadRequest)
-			return
-		}
-		if q.Get("limit") != strconv.Itoa(size) {
-			http.Error(rw, "limit "+q.Get("limit"), http.StatusBadRequest)
-			return
-		}
-		i := 0
-		if after := q.Get("starting_after"); after != "" {
-			for i < len(charges) && charges[i].ID != after {
-				i++
-			}
-			i++
-		}
-		end := min(i+size, len(charges))
-		var b bytes.Buffer
-		_ = json.NewEncoder(&b).Encode(map[string]any{"object": "list", "data": charges[i:end], "has_more": end < len(charges)})
-		rw.Header().Set("Content-Type", "application/json")
-		_, _ = rw.Write(b.Bytes())
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
-
-func TestHTTPLedger_FollowsPages(t *testing.T) {
-	var charges []reconcile.Charge
-	for i := range 7 {
-		charges = append(charges, reconcile.Charge{ID: fmt.Sprintf("ch_%d", i), IdempotencyKey: fmt.Sprintf("k%d", i), Amount: 1, Currency: "EUR", Status: "succeeded", Created: mid})
-	}
-	var requests atomic.Int32
-	srv := pagingProvider(t, charges, 3, &requests)
-	l := reconcile.NewHTTPLedger(reconcile.HTTPConfig{BaseURL: srv.URL + "/", APIKey: "k", PageSize: 3})
-	got, err := l.Charges(context.Background(), from, to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != len(charges) || requests.Load() != 3 {
-		t.Errorf("got %d charges in %d requests, want %d in 3", len(got), requests.Load(), len(charges))
-	}
-}
-
-func TestHTTPLedger_Errors(t *testing.T) {
-	var requests atomic.Int32
-	srv := pagingProvider(t, nil, 100, &requests)
-	l := reconcile.NewHTTPLedger(reconcile.HTTPConfig{BaseURL: srv.URL, APIKey: "wrong"})
-	if _, err := l.Charges(context.Background(), from, to); err == nil || !strings.Contains(err.Error(), "401") {
-		t.Errorf("wrong key: err = %v, want the 401", err)
-	}
-
-	// has_more without a page would loop forever.
-	stuck := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
-		_, _ = rw.Write([]byte(`{"data":[],"has_more":true}`))
-	}))
-	t.Cleanup(stuck.Close)
-	l = reconcile.NewHTTPLedger(reconcile.HTTPConfig{BaseURL: stuck.URL})
-	if _, err := l.Charges(context.Background(), from, to); err == nil {
-		t.Error("has_more with an empty page was accepted")
-	}
-
-	slow := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		select {
-		case <-r.Context().Done():
-		case <-time.After(5 * time.Second):
-		}
-	}))
-	t.Cleanup(slow.Close)
-	l = reconcile.NewHTTPLedger(reconcile.HTTPConfig{BaseURL: slow.URL, Timeout: 50 * time.Millisecond})
-	if _, err := l.Charges(context.Background(), from, to); err == nil {
-		t.Error("a provider that does not answer did not time out")
-	}
-}
-
-func TestHTTPLedger_FakeProviderWindow(t *testing.T) {
+// The payment client, as reconcile's ledger, lists the fake provider's
+// charges of a window.
+func TestLedger_FakeProviderWindow(t *testing.T) {
 	w := newWorld(t, false)
 	before := time.Now().UTC()
 	k := newKey(t)
