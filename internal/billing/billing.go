@@ -63,7 +63,10 @@ const (
 	// Declined: the provider declined the payment; recorded, not retried.
 	Declined
 	// Parked: the event cannot be processed as it is and belongs in the
-	// dead-letter topic; Result.Code and Result.Detail say why.
+	// dead-letter topic; Result.Code and Result.Detail say why. Its metric
+	// label is the contract's "invalid", whatever the reason (stale,
+	// mismatched and provider-rejected events too);
+	// billing_dlq_messages_total{reason} tells them apart.
 	Parked
 )
 
@@ -211,7 +214,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 			continue
 		}
 		results[i].Event = ev
-		if code, detail := p.judgeTime(ev, now); code != "" {
+		if code, detail := p.outsideHorizon(ev, now); code != "" {
 			results[i].park(code, detail)
 			continue
 		}
@@ -299,10 +302,11 @@ func (p *Processor) counter(m Message) string {
 	return p.instance + " " + id
 }
 
-// judgeTime parks an event whose id the dedup store cannot judge: older
-// than the retention (its record may have been dropped, so a duplicate would
-// be charged again), or further in the future than the clock skew allows.
-func (p *Processor) judgeTime(ev order.Event, now time.Time) (code, detail string) {
+// outsideHorizon returns the reason to park an event whose id the dedup
+// store cannot judge ("" when it can): older than the retention (its
+// record may have been dropped, so a duplicate would be charged again), or
+// further in the future than the clock skew allows.
+func (p *Processor) outsideHorizon(ev order.Event, now time.Time) (code, detail string) {
 	created := ev.IDTime()
 	if horizon := now.Add(-p.horizon.Retention); created.Before(horizon) {
 		return CodeStaleEvent, fmt.Sprintf("eventId time %s is older than the dedup retention %s (horizon %s); its record may be gone, so it is not charged blindly",

@@ -160,7 +160,7 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 				// Counted below when no message of the event counted it.
 				r.Outcome, r.Recorded = Duplicate, byEvent[ev.ID].outcome()
 				settledOwn = append(settledOwn, i)
-			case v == dedup.Duplicate || in == copyInBatch:
+			case v == dedup.Seen || in == copyInBatch:
 				// Claimed before without an attempt of its own: a business
 				// duplicate then, or its attempt was settled elsewhere.
 				r.Outcome = Duplicate

@@ -30,8 +30,9 @@ const (
 	// First: the claim inserted the record; the caller must do the work in
 	// the same transaction.
 	First Verdict = iota
-	// Duplicate: the group already finished this event; do nothing.
-	Duplicate
+	// Seen: the group already claimed this event with this payload (a
+	// redelivery, a replay, a copy): not a new event.
+	Seen
 	// Mismatch: the group already finished an event with this id but a
 	// different payload. Not a duplicate to skip silently: a producer bug or
 	// tampering, for a human to look at.
@@ -42,8 +43,8 @@ func (v Verdict) String() string {
 	switch v {
 	case First:
 		return "first"
-	case Duplicate:
-		return "duplicate"
+	case Seen:
+		return "seen"
 	case Mismatch:
 		return "mismatch"
 	}
@@ -76,7 +77,7 @@ func NewStore(group string) *Store {
 
 // Claim records entries as processed inside tx and returns a verdict for
 // each, in order. An id that appears twice in entries is First once, then
-// Duplicate or Mismatch.
+// Seen or Mismatch.
 //
 // The insert uses ON CONFLICT DO NOTHING on the primary key and RETURNING to
 // learn which rows it really inserted (rows inserted, not rows sent: the
@@ -114,7 +115,7 @@ RETURNING event_id`
 			continue
 		}
 		if fp, ok := firstCopy[e.ID]; ok {
-			verdicts[i] = judge(fp[:], e.Fingerprint)
+			verdicts[i] = compare(fp[:], e.Fingerprint)
 			continue
 		}
 		firstCopy[e.ID] = e.Fingerprint
@@ -131,7 +132,7 @@ RETURNING event_id`
 	}
 	for i, e := range entries {
 		if !inserted[e.ID] {
-			verdicts[i] = judge(recorded[e.ID], e.Fingerprint)
+			verdicts[i] = compare(recorded[e.ID], e.Fingerprint)
 		}
 	}
 	return verdicts, nil
@@ -139,9 +140,9 @@ RETURNING event_id`
 
 // judge compares a recorded fingerprint with an arriving one. A row recorded
 // before fingerprints existed has none and cannot be judged: a duplicate.
-func judge(recorded []byte, arriving [32]byte) Verdict {
+func compare(recorded []byte, arriving [32]byte) Verdict {
 	if recorded == nil || bytes.Equal(recorded, arriving[:]) {
-		return Duplicate
+		return Seen
 	}
 	return Mismatch
 }

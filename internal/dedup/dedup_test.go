@@ -64,8 +64,8 @@ func TestClaim(t *testing.T) {
 		want    []dedup.Verdict
 	}{
 		{"OK_FirstTime", []dedup.Entry{a}, []dedup.Verdict{dedup.First}},
-		{"OK_Duplicate", []dedup.Entry{a}, []dedup.Verdict{dedup.Duplicate}},
-		{"OK_MixedBatch", []dedup.Entry{a, b}, []dedup.Verdict{dedup.Duplicate, dedup.First}},
+		{"OK_Duplicate", []dedup.Entry{a}, []dedup.Verdict{dedup.Seen}},
+		{"OK_MixedBatch", []dedup.Entry{a, b}, []dedup.Verdict{dedup.Seen, dedup.First}},
 		{"ErrMismatch_SameIDOtherPayload", []dedup.Entry{tampered}, []dedup.Verdict{dedup.Mismatch}},
 	}
 	for _, st := range steps {
@@ -81,7 +81,7 @@ func TestClaim(t *testing.T) {
 		cAltered := c
 		cAltered.Fingerprint = sha256.Sum256([]byte("c2"))
 		got := claim(t, db, s, c, c, cAltered)
-		want := []dedup.Verdict{dedup.First, dedup.Duplicate, dedup.Mismatch}
+		want := []dedup.Verdict{dedup.First, dedup.Seen, dedup.Mismatch}
 		if !slices.Equal(got, want) {
 			t.Errorf("verdicts %v, want %v", got, want)
 		}
@@ -92,7 +92,7 @@ func TestClaim(t *testing.T) {
 		// a true one: every tampered copy is a mismatch, the true one a
 		// duplicate, whatever their order.
 		got := claim(t, db, s, tampered, tampered, a)
-		want := []dedup.Verdict{dedup.Mismatch, dedup.Mismatch, dedup.Duplicate}
+		want := []dedup.Verdict{dedup.Mismatch, dedup.Mismatch, dedup.Seen}
 		if !slices.Equal(got, want) {
 			t.Errorf("verdicts %v, want %v", got, want)
 		}
@@ -126,7 +126,7 @@ func TestClaim_LateDuplicateOfAnOldDayIsDetected(t *testing.T) {
 	// Rows written since, and a day rolled over: the seed's DDL, keyed by
 	// processed_at, would put this copy in today's partition and miss it.
 	claim(t, db, s, entry(t, time.Now(), "today"))
-	if got := claim(t, db, s, old); got[0] != dedup.Duplicate {
+	if got := claim(t, db, s, old); got[0] != dedup.Seen {
 		t.Errorf("late copy of a six-day-old event: %v, want duplicate", got[0])
 	}
 	var stored string
@@ -167,7 +167,7 @@ func TestClaim_RacingDuplicateWaitsAndSkips(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 	close(release)
-	if v := <-second; v != dedup.Duplicate {
+	if v := <-second; v != dedup.Seen {
 		t.Errorf("second claim: %v, want duplicate", v)
 	}
 	wg.Wait()
@@ -220,7 +220,7 @@ func TestRetention(t *testing.T) {
 		t.Errorf("the horizon's own day was dropped")
 	}
 	for _, e := range keep {
-		if got := claim(t, db, s, e); got[0] != dedup.Duplicate {
+		if got := claim(t, db, s, e); got[0] != dedup.Seen {
 			t.Errorf("event within retention forgotten: %v", got[0])
 		}
 	}

@@ -1,5 +1,16 @@
 package order
 
+// This file is a small JSON scanner that finds what encoding/json cannot
+// tell: a member name given twice in one object, and a name that matches a
+// field only case-insensitively (encoding/json matches case-insensitively
+// and keeps the last duplicate). Both must be rejected: two values for
+// totalAmount would make what is charged depend on the decoder.
+// encoding/json/v2 does all of it (jsontext rejects duplicate names,
+// json.Unmarshal can match case-sensitively), but in Go 1.26 it is still
+// behind GOEXPERIMENT=jsonv2. Remove this file once encoding/json/v2 is in
+// the standard library without the experiment flag: decode with it and
+// drop scan.go and scan_internal_test.go.
+
 import (
 	"bytes"
 	"encoding/json"
