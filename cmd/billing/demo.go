@@ -5,29 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/postgres"
 )
 
@@ -376,199 +371,17 @@ func sumOffsets(m map[int32]int64) int64 {
 
 // finishedEvents is billing_events_total summed over outcomes.
 func (d *demo) finishedEvents(ctx context.Context) (float64, error) {
-	snap, err := scrapeMetrics(ctx, d.httpAddr)
+	snap, err := metrics.Scrape(ctx, "http://"+d.httpAddr+"/metrics")
 	if err != nil {
 		return 0, err
 	}
 	var n float64
-	for series, v := range snap.values {
+	for series, v := range snap.Values {
 		if strings.HasPrefix(series, "billing_events_total{") {
 			n += v
 		}
 	}
 	return n, nil
-}
-
-// demoSummary is what the demo measured, each number from the system's
-// own records.
-type demoSummary struct {
-	produced, dlq                    int64 // broker end offsets
-	unique, charged, declined        int   // database
-	chargedTwiceDB, mismatched       int   // database
-	duplicates, alreadyCharged       float64
-	providerCharges, chargedTwicePSP int64 // provider
-	outcomes                         outcomeCounts
-	elapsed                          time.Duration
-	// Latency percentiles in seconds: occurredAt → start of the transaction
-	// per event from the database, and the buckets of occurredAt → commit
-	// in the billing_event_latency_seconds histogram that hold them.
-	p50DB, p99DB         float64
-	p50Bucket, p99Bucket [2]float64
-}
-
-// measure reads the summary from the broker, the database, the provider
-// and /metrics.
-func (d *demo) measure(ctx context.Context) (demoSummary, error) {
-	var s demoSummary
-	end, err := kafka.EndOffsets(d.client, d.kafkaCfg.Topic)
-	if err != nil {
-		return s, fmt.Errorf("demo: read end offsets: %w", err)
-	}
-	s.produced = sumOffsets(end)
-	dlqEnd, err := kafka.EndOffsets(d.client, d.kafkaCfg.DLQTopic)
-	if err != nil {
-		return s, fmt.Errorf("demo: read dead-letter end offsets: %w", err)
-	}
-	s.dlq = sumOffsets(dlqEnd)
-
-	counts := []struct {
-		dst  *int
-		q    string
-		args []any
-	}{
-		{&s.unique, `SELECT count(*) FROM processed_event WHERE consumer_group = $1`, []any{d.kafkaCfg.GroupID}},
-		{&s.charged, `SELECT count(*) FROM charge WHERE status = 'succeeded'`, nil},
-		{&s.declined, `SELECT count(*) FROM charge WHERE status = 'declined'`, nil},
-		{&s.chargedTwiceDB, `SELECT count(*) FROM (SELECT order_id FROM charge WHERE status = 'succeeded'
-			GROUP BY order_id HAVING count(*) > 1) AS twice`, nil},
-	}
-	for _, c := range counts {
-		if err := d.db.GetContext(ctx, c.dst, c.q, c.args...); err != nil {
-			return s, fmt.Errorf("demo: query database: %w", err)
-		}
-	}
-	// processed_at is now() of the claiming transaction, i.e. its start;
-	// the first 48 bits of a UUID v7 are the Unix milliseconds at which the
-	// event was created, with its occurredAt.
-	const latencyQ = `
-SELECT coalesce(percentile_cont(0.50) WITHIN GROUP (ORDER BY ms), 'NaN') / 1000 AS p50,
-       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), 'NaN') / 1000 AS p99
-FROM (SELECT extract(epoch FROM processed_at) * 1000
-             - ('x' || substr(replace(event_id::text, '-', ''), 1, 12))::bit(48)::bigint AS ms
-      FROM processed_event WHERE consumer_group = $1) AS latency`
-	if err := d.db.QueryRowContext(ctx, latencyQ, d.kafkaCfg.GroupID).Scan(&s.p50DB, &s.p99DB); err != nil {
-		return s, fmt.Errorf("demo: query latency: %w", err)
-	}
-	s.mismatched, err = d.mismatchedCharges(ctx)
-	if err != nil {
-		return s, err
-	}
-
-	snap, err := scrapeMetrics(ctx, d.httpAddr)
-	if err != nil {
-		return s, fmt.Errorf("demo: read /metrics: %w", err)
-	}
-	s.duplicates = snap.values[`billing_events_total{outcome="duplicate"}`]
-	s.alreadyCharged = snap.values[`billing_events_total{outcome="already_charged"}`]
-	latency := snap.histograms["billing_event_latency_seconds"]
-	s.p50Bucket[0], s.p50Bucket[1] = latency.bucketOf(0.50)
-	s.p99Bucket[0], s.p99Bucket[1] = latency.bucketOf(0.99)
-
-	st := d.psp.Stats()
-	s.providerCharges, s.chargedTwicePSP = st.ChargesCreated, st.OrdersChargedTwice
-	if s.outcomes, err = d.countOutcomes(ctx); err != nil {
-		return s, err
-	}
-	s.elapsed = d.finished.Sub(d.began)
-	return s, nil
-}
-
-// mismatchedCharges counts the generated valid events whose charge row is
-// missing or differs from the event (order, customer, amount, currency),
-// plus charge rows of events that were never generated.
-func (d *demo) mismatchedCharges(ctx context.Context) (int, error) {
-	var rows []struct {
-		EventID    uuid.UUID `db:"event_id"`
-		OrderID    int64     `db:"order_id"`
-		CustomerID int64     `db:"customer_id"`
-		Amount     int64     `db:"amount_minor"`
-		Currency   string    `db:"currency"`
-	}
-	const q = `SELECT event_id, order_id, customer_id, amount_minor, currency FROM charge`
-	if err := d.db.SelectContext(ctx, &rows, q); err != nil {
-		return 0, fmt.Errorf("demo: read charges: %w", err)
-	}
-	want := make(map[uuid.UUID]loadgen.Event, len(d.exp.Events))
-	for _, ev := range d.exp.Events {
-		want[ev.ID] = ev
-	}
-	bad := 0
-	for _, r := range rows {
-		ev, ok := want[r.EventID]
-		delete(want, r.EventID)
-		if !ok || ev.OrderID != r.OrderID || ev.CustomerID != r.CustomerID ||
-			ev.Amount.Minor != r.Amount || ev.Amount.Currency != r.Currency {
-			bad++
-		}
-	}
-	return bad + len(want), nil
-}
-
-// print writes the summary table and the verdict, and returns the number of
-// rows that differ from the expectation.
-func (s demoSummary) print(w io.Writer, exp loadgen.Expected, declineEvery int64) int {
-	declined := exp.Declined(declineEvery)
-	charged := exp.Unique - declined
-	rows := []struct {
-		what, source string
-		got, want    int64
-	}{
-		{"events published", "broker: end offsets", s.produced, int64(exp.Produced)},
-		{"unique events processed", "database: processed_event", int64(s.unique), int64(exp.Unique)},
-		{"charged", "database: charge succeeded", int64(s.charged), int64(charged)},
-		{"declined by the provider", "database: charge declined", int64(s.declined), int64(declined)},
-		{"duplicates skipped", "/metrics: outcome=duplicate", int64(s.duplicates), int64(exp.Duplicates)},
-		{"second events for a paid order", "/metrics: outcome=already_charged", int64(s.alreadyCharged), 0},
-		{"sent to the dead-letter topic", "broker: DLQ end offsets", s.dlq, int64(exp.Invalid)},
-		{"provider charges created", "provider: /_stats", s.providerCharges, int64(charged)},
-		{"charge rows unlike their event", "database vs generated events", int64(s.mismatched), 0},
-		{"orders charged twice (database)", "database: charge", int64(s.chargedTwiceDB), 0},
-		{"orders charged twice (provider)", "provider: /_stats", s.chargedTwicePSP, 0},
-		// Every settled event is announced once: charged + declined + failed
-		// (the mix has no decoded event to park as failed).
-		{"outcome events published", "broker: payments.settled, distinct", int64(s.outcomes.distinct), int64(charged + declined)},
-		{"outcome events unlike their charge", "broker vs database: charge", int64(s.outcomes.unlike), 0},
-	}
-	fmt.Fprintf(w, "\n%-34s %9s %9s   %s\n", "", "measured", "expected", "measured from")
-	failures := 0
-	var differ []string
-	for _, r := range rows {
-		mark := ""
-		if r.got != r.want {
-			mark = "   <-- differs"
-			failures++
-			differ = append(differ, r.what)
-		}
-		fmt.Fprintf(w, "%-34s %9d %9d   %s%s\n", r.what, r.got, r.want, r.source, mark)
-	}
-	fmt.Fprintln(w)
-	secs := s.elapsed.Seconds()
-	fmt.Fprintf(w, "throughput   %.0f events/s (%d events from the first published to the last finished, in %.2fs)\n",
-		float64(exp.Produced)/secs, exp.Produced, secs)
-	fmt.Fprintf(w, "latency      p50 %s, p99 %s: occurredAt -> start of the event's transaction, per event,\n", seconds(s.p50DB), seconds(s.p99DB))
-	fmt.Fprintln(w, "             from the database (processed_at minus the time in the UUID v7 eventId)")
-	fmt.Fprintf(w, "             p50 in %s, p99 in %s: occurredAt -> commit, the buckets of\n",
-		bucketText(s.p50Bucket[0], s.p50Bucket[1]), bucketText(s.p99Bucket[0], s.p99Bucket[1]))
-	fmt.Fprintln(w, "             /metrics billing_event_latency_seconds that hold them")
-	fmt.Fprintln(w, "             (all events are published at once: latency is mostly waiting in the backlog)")
-	fmt.Fprintln(w)
-	if failures == 0 {
-		fmt.Fprintf(w, "PASS: all %d events accounted for: %d charged once each, %d declined, %d duplicates skipped, %d dead-lettered; no order charged twice; %d outcome events published.\n",
-			exp.Produced, charged, declined, exp.Duplicates, exp.Invalid, charged+declined)
-	} else {
-		fmt.Fprintf(w, "FAIL: %s differ from what was produced.\n", strings.Join(differ, ", "))
-	}
-	return failures
-}
-
-func seconds(s float64) string {
-	switch {
-	case math.IsNaN(s):
-		return "n/a"
-	case s < 1:
-		return fmt.Sprintf("%.0fms", s*1000)
-	}
-	return fmt.Sprintf("%.2fs", s)
 }
 
 func (d *demo) printKeep() {
@@ -686,145 +499,4 @@ func httpGet(ctx context.Context, u string) (int, []byte) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, b
-}
-
-// metricsSnapshot is one scrape of /metrics.
-type metricsSnapshot struct {
-	// values of counters and gauges by series, e.g.
-	// billing_events_total{outcome="charged"}.
-	values map[string]float64
-	// histograms by name (label-less histograms only).
-	histograms map[string]histogram
-}
-
-// histogram is a Prometheus histogram: cumulative counts by upper bound.
-type histogram struct {
-	count   float64
-	buckets []bucket // by upper bound, ascending; +Inf omitted
-}
-
-type bucket struct{ upper, cumulative float64 }
-
-// scrapeMetrics reads serve's /metrics.
-func scrapeMetrics(ctx context.Context, addr string) (metricsSnapshot, error) {
-	snap := metricsSnapshot{values: map[string]float64{}, histograms: map[string]histogram{}}
-	code, body := httpGet(ctx, "http://"+addr+"/metrics")
-	if code != http.StatusOK {
-		return snap, fmt.Errorf("GET /metrics: status %d", code)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-	if err != nil {
-		return snap, fmt.Errorf("parse /metrics: %w", err)
-	}
-	for name, fam := range fams {
-		for _, m := range fam.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			series := name
-			if len(labels) > 0 {
-				series += "{" + strings.Join(labels, ",") + "}"
-			}
-			switch {
-			case m.Counter != nil:
-				snap.values[series] = m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				snap.values[series] = m.GetGauge().GetValue()
-			case m.Histogram != nil && len(labels) == 0:
-				h := histogram{count: float64(m.GetHistogram().GetSampleCount())}
-				for _, b := range m.GetHistogram().GetBucket() {
-					if !math.IsInf(b.GetUpperBound(), 1) {
-						h.buckets = append(h.buckets, bucket{b.GetUpperBound(), float64(b.GetCumulativeCount())})
-					}
-				}
-				sort.Slice(h.buckets, func(i, j int) bool { return h.buckets[i].upper < h.buckets[j].upper })
-				snap.histograms[name] = h
-			}
-		}
-	}
-	return snap, nil
-}
-
-// bucketOf returns the bounds (lower, upper] of the bucket that holds the
-// q-quantile: all a histogram knows about it. upper is +Inf when it is
-// above the highest finite bound; both are NaN when the histogram is empty.
-func (h histogram) bucketOf(q float64) (lower, upper float64) {
-	if h.count == 0 {
-		return math.NaN(), math.NaN()
-	}
-	rank := q * h.count
-	for _, b := range h.buckets {
-		if b.cumulative >= rank {
-			return lower, b.upper
-		}
-		lower = b.upper
-	}
-	return lower, math.Inf(1)
-}
-
-// bucketText writes a bucket as an interval, e.g. "(1s, 2.5s]".
-func bucketText(lower, upper float64) string {
-	switch {
-	case math.IsNaN(upper):
-		return "n/a"
-	case math.IsInf(upper, 1):
-		return "> " + bound(lower)
-	}
-	return "(" + bound(lower) + ", " + bound(upper) + "]"
-}
-
-// bound writes a bucket bound (seconds) briefly: 0, 250ms, 2.5s.
-func bound(s float64) string {
-	switch {
-	case s == 0:
-		return "0"
-	case s < 1:
-		return strconv.FormatFloat(s*1000, 'g', -1, 64) + "ms"
-	}
-	return strconv.FormatFloat(s, 'g', -1, 64) + "s"
-}
-
-// progress shows one status line: rewritten in place on a terminal,
-// printed once a second otherwise.
-type progress struct {
-	w        io.Writer
-	terminal bool
-	last     time.Time
-	shown    string
-}
-
-func newProgress(w io.Writer) *progress {
-	return &progress{w: w, terminal: isTerminal(w)}
-}
-
-func (p *progress) show(line string) {
-	p.shown = line
-	if p.terminal {
-		fmt.Fprintf(p.w, "\r%-78s", line)
-		return
-	}
-	if time.Since(p.last) >= time.Second {
-		fmt.Fprintln(p.w, line)
-		p.last = time.Now()
-	}
-}
-
-// done ends the status line, showing its last state.
-func (p *progress) done() {
-	if p.terminal {
-		fmt.Fprintln(p.w)
-	} else if p.shown != "" {
-		fmt.Fprintln(p.w, p.shown)
-	}
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

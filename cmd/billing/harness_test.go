@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -16,12 +15,11 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jmoiron/sqlx"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 )
 
@@ -155,38 +153,25 @@ func (s *service) stop(t *testing.T) {
 }
 
 // metric returns the value of a counter or gauge series in /metrics, e.g.
-// `billing_events_total{outcome="charged"}`; 0 when absent.
+// `billing_events_total{outcome="charged"}`, or a histogram's count; 0 when
+// absent.
 func (s *service) metric(t *testing.T, series string) float64 {
 	t.Helper()
-	_, body := get(s.addr, "/metrics")
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	snap := s.metrics(t)
+	if h, ok := snap.Histograms[series]; ok {
+		return h.Count
+	}
+	return snap.Values[series]
+}
+
+// metrics reads the whole of /metrics.
+func (s *service) metrics(t *testing.T) metrics.Snapshot {
+	t.Helper()
+	snap, err := metrics.Scrape(t.Context(), "http://"+s.addr+"/metrics")
 	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
+		t.Fatalf("read /metrics: %v", err)
 	}
-	name, labels, _ := strings.Cut(strings.TrimSuffix(series, "}"), "{")
-	fam, ok := families[name]
-	if !ok {
-		return 0
-	}
-	for _, m := range fam.GetMetric() {
-		var parts []string
-		for _, l := range m.GetLabel() {
-			parts = append(parts, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-		}
-		if strings.Join(parts, ",") != labels {
-			continue
-		}
-		switch {
-		case m.Counter != nil:
-			return m.GetCounter().GetValue()
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue()
-		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount())
-		}
-	}
-	return 0
+	return snap
 }
 
 // event builds a valid event of orderID for amount minor units of currency.
