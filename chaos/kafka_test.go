@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -57,19 +56,7 @@ func chooseBroker() (string, error) {
 func startApache(dir string) (*apachekafka.Cluster, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	wd, err := os.Getwd()
-	if err != nil {
-		return nil, err
-	}
-	root, err := apachekafka.ModuleRoot(wd)
-	if err != nil {
-		return nil, err
-	}
-	cache, err := apachekafka.DefaultCacheDir()
-	if err != nil {
-		return nil, err
-	}
-	jars, err := apachekafka.Jars(ctx, filepath.Join(root, apachekafka.POM), cache)
+	jars, err := apachekafka.PinnedJars(ctx)
 	if err != nil {
 		return nil, err
 	}

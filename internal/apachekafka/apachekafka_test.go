@@ -124,16 +124,7 @@ func TestCluster_RestoreResumesAndRestarts(t *testing.T) {
 func startOne(t *testing.T) *apachekafka.Cluster {
 	t.Helper()
 	ctx := context.Background()
-	wd, _ := os.Getwd()
-	root, err := apachekafka.ModuleRoot(wd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache, err := apachekafka.DefaultCacheDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	jars, err := apachekafka.Jars(ctx, filepath.Join(root, apachekafka.POM), cache)
+	jars, err := apachekafka.PinnedJars(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,6 +44,26 @@ func Java() (string, error) {
 	return java, nil
 }
 
+// PinnedJars returns the directory of the jars of the Apache Kafka that
+// this module pins (test/kafka/pom.xml), found from the working directory
+// (a test's is its package's) and kept in DefaultCacheDir: what the tests,
+// the chaos suite, the benchmark and make kafka all start clusters from.
+func PinnedJars(ctx context.Context) (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	root, err := ModuleRoot(wd)
+	if err != nil {
+		return "", err
+	}
+	cache, err := DefaultCacheDir()
+	if err != nil {
+		return "", err
+	}
+	return Jars(ctx, filepath.Join(root, POM), cache)
+}
+
 // Jars returns the directory holding Apache Kafka's jars at the version
 // pinned in pom (test/kafka/pom.xml), resolving them with Maven into
 // cacheDir/kafka-<version>/libs on first use. Later calls, from any

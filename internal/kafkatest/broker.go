@@ -381,19 +381,7 @@ func startApache() (*apacheCluster, error) {
 	started := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	wd, err := os.Getwd()
-	if err != nil {
-		return nil, err
-	}
-	root, err := apachekafka.ModuleRoot(wd)
-	if err != nil {
-		return nil, err
-	}
-	cache, err := apachekafka.DefaultCacheDir()
-	if err != nil {
-		return nil, err
-	}
-	jars, err := apachekafka.Jars(ctx, root+"/"+apachekafka.POM, cache)
+	jars, err := apachekafka.PinnedJars(ctx)
 	if err != nil {
 		return nil, err
 	}

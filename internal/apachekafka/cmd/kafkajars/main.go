@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"example.com/billing/internal/apachekafka"
@@ -21,22 +20,10 @@ func main() {
 }
 
 func run() error {
-	wd, err := os.Getwd()
-	if err != nil {
-		return err
-	}
-	root, err := apachekafka.ModuleRoot(wd)
-	if err != nil {
-		return err
-	}
-	cache, err := apachekafka.DefaultCacheDir()
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	started := time.Now()
-	jars, err := apachekafka.Jars(ctx, filepath.Join(root, apachekafka.POM), cache)
+	jars, err := apachekafka.PinnedJars(ctx)
 	if err != nil {
 		return err
 	}
