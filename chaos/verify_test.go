@@ -4,12 +4,14 @@ package chaos_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/loadgen"
@@ -188,45 +190,37 @@ func (r *run) verify() result {
 			lost[id] += "; not in processed_event"
 		}
 	}
-	var rows []struct {
-		EventID    string `db:"event_id"`
-		OrderID    int64  `db:"order_id"`
-		CustomerID int64  `db:"customer_id"`
-		Amount     int64  `db:"amount_minor"`
-		Currency   string `db:"currency"`
-		Status     string `db:"status"`
-		ProviderID string `db:"provider_charge_id"`
-	}
-	if err := db.Select(&rows, `SELECT event_id::text AS event_id, order_id, customer_id, amount_minor, currency, status,
-		coalesce(provider_charge_id, '') AS provider_charge_id FROM charge`); err != nil {
+	rows, err := charge.Select(context.Background(), db, "")
+	if err != nil {
 		t.Fatalf("read charge: %v", err)
 	}
 	rowOf := map[string]bool{}
 	succeeded := map[int64]int{}
 	for _, row := range rows {
-		rowOf[row.EventID] = true
-		ev, ok := events[row.EventID]
+		id := row.EventID.String()
+		rowOf[id] = true
+		ev, ok := events[id]
 		if !ok {
-			t.Errorf("charge row for %s, which is not a valid event", row.EventID)
+			t.Errorf("charge row for %s, which is not a valid event", id)
 			continue
 		}
 		if row.OrderID != ev.OrderID || row.CustomerID != ev.CustomerID || row.Amount != ev.Amount.Minor || row.Currency != ev.Amount.Currency {
 			t.Errorf("charge row of %s: order %d customer %d %d %s, want order %d customer %d %d %s",
-				row.EventID, row.OrderID, row.CustomerID, row.Amount, row.Currency, ev.OrderID, ev.CustomerID, ev.Amount.Minor, ev.Amount.Currency)
+				id, row.OrderID, row.CustomerID, row.Amount, row.Currency, ev.OrderID, ev.CustomerID, ev.Amount.Minor, ev.Amount.Currency)
 		}
 		switch row.Status {
-		case "succeeded":
+		case charge.Succeeded:
 			succeeded[row.OrderID]++
-			pc := byKey[row.EventID]
-			if len(pc) != 1 || pc[0].ID != row.ProviderID {
-				t.Errorf("charge row of %s says provider charge %q; the provider has %v", row.EventID, row.ProviderID, pc)
+			pc := byKey[id]
+			if len(pc) != 1 || row.ProviderChargeID == nil || pc[0].ID != *row.ProviderChargeID {
+				t.Errorf("charge row of %s says provider charge %v; the provider has %v", id, row.ProviderChargeID, pc)
 			}
-		case "declined":
+		case charge.Declined:
 			if !declined(ev) {
-				t.Errorf("charge row of %s (order %d) is declined; the provider charges that order", row.EventID, ev.OrderID)
+				t.Errorf("charge row of %s (order %d) is declined; the provider charges that order", id, ev.OrderID)
 			}
 		default:
-			t.Errorf("charge row of %s has status %q", row.EventID, row.Status)
+			t.Errorf("charge row of %s has status %q", id, row.Status)
 		}
 	}
 	for order, n := range succeeded {
@@ -250,7 +244,7 @@ func (r *run) verify() result {
 	// eventId, after dedup), with the right type and amount; nothing else.
 	statusOf := map[string]string{}
 	for _, row := range rows {
-		statusOf[row.EventID] = row.Status
+		statusOf[row.EventID.String()] = row.Status
 	}
 	res.settled = len(rows)
 	outcomes, err := readTopic(r.client, r.outcomeTopic)
@@ -292,7 +286,7 @@ func (r *run) verify() result {
 	}
 	res.outcomes = len(announced)
 	for _, row := range rows {
-		if _, ok := announced[row.EventID]; !ok {
+		if _, ok := announced[row.EventID.String()]; !ok {
 			t.Errorf("settled event %s (%s) was never announced on %s", row.EventID, row.Status, r.outcomeTopic)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/order"
 )
@@ -77,17 +78,12 @@ func (d *demo) countOutcomes(ctx context.Context) (outcomeCounts, error) {
 	}
 	c.distinct = len(seen)
 
-	var rows []struct {
-		EventID  string `db:"event_id"`
-		Status   string `db:"status"`
-		Amount   int64  `db:"amount_minor"`
-		Currency string `db:"currency"`
-	}
-	if err := d.db.SelectContext(ctx, &rows, `SELECT event_id, status, amount_minor, currency FROM charge WHERE status IN ('succeeded', 'declined')`); err != nil {
-		return c, fmt.Errorf("demo: read charges: %w", err)
+	rows, err := charge.Select(ctx, d.db, `WHERE status IN ('succeeded', 'declined')`)
+	if err != nil {
+		return c, fmt.Errorf("demo: settled charges: %w", err)
 	}
 	for _, r := range rows {
-		o, ok := byCause[r.EventID]
+		o, ok := byCause[r.EventID.String()]
 		want := "payment." + r.Status + ".v1"
 		if !ok || o.EventType != want || !sameAmount(string(o.TotalAmount), r.Amount, r.Currency) {
 			c.unlike++

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/metrics"
@@ -108,16 +109,9 @@ FROM (SELECT extract(epoch FROM processed_at) * 1000
 // missing or differs from the event (order, customer, amount, currency),
 // plus charge rows of events that were never generated.
 func (d *demo) mismatchedCharges(ctx context.Context) (int, error) {
-	var rows []struct {
-		EventID    uuid.UUID `db:"event_id"`
-		OrderID    int64     `db:"order_id"`
-		CustomerID int64     `db:"customer_id"`
-		Amount     int64     `db:"amount_minor"`
-		Currency   string    `db:"currency"`
-	}
-	const q = `SELECT event_id, order_id, customer_id, amount_minor, currency FROM charge`
-	if err := d.db.SelectContext(ctx, &rows, q); err != nil {
-		return 0, fmt.Errorf("demo: read charges: %w", err)
+	rows, err := charge.Select(ctx, d.db, "")
+	if err != nil {
+		return 0, fmt.Errorf("demo: charges: %w", err)
 	}
 	want := make(map[uuid.UUID]loadgen.Event, len(d.exp.Events))
 	for _, ev := range d.exp.Events {

@@ -41,7 +41,7 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 	// The provider already holds the rejected event's key with another
 	// body: 422, parked as provider-rejected.
 	rejected, rejectedValue := event(t, 41, 4100, "EUR")
-	if code := charge(t, srv.URL, "", 41, rejected.ID.String()); code != http.StatusOK {
+	if code := postCharge(t, srv.URL, "", 41, rejected.ID.String()); code != http.StatusOK {
 		t.Fatalf("seed provider: %d", code)
 	}
 	_, okValue := event(t, 42, 4200, "EUR")

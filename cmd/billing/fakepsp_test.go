@@ -14,9 +14,9 @@ import (
 
 var pspURLLine = regexp.MustCompile(`fakepsp listening on (http://127\.0\.0\.1:\d+)`)
 
-// charge posts one charge request and returns the status, 0 when the
+// postCharge posts one charge request and returns the status, 0 when the
 // connection failed.
-func charge(t *testing.T, base, apiKey string, orderID int, key string) int {
+func postCharge(t *testing.T, base, apiKey string, orderID int, key string) int {
 	t.Helper()
 	body := `{"orderId":` + strconv.Itoa(orderID) + `,"customerId":7,"amount":1999,"currency":"EUR"}`
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/charges", strings.NewReader(body))
@@ -57,15 +57,15 @@ func TestFakepsp_ServesWithTheFaultsOfItsFlags(t *testing.T) {
 		check func(t *testing.T, base string)
 	}{
 		{"DeclineEveryAnswers402", []string{"--decline-every", "7"}, nil, func(t *testing.T, base string) {
-			if got := charge(t, base, "", 14, "k-14"); got != http.StatusPaymentRequired {
+			if got := postCharge(t, base, "", 14, "k-14"); got != http.StatusPaymentRequired {
 				t.Errorf("order 14 with --decline-every 7: %d, want 402", got)
 			}
-			if got := charge(t, base, "", 15, "k-15"); got != http.StatusOK {
+			if got := postCharge(t, base, "", 15, "k-15"); got != http.StatusOK {
 				t.Errorf("order 15 with --decline-every 7: %d, want 200", got)
 			}
 		}},
 		{"FailRate1Answers503", []string{"--fail-rate", "1"}, nil, func(t *testing.T, base string) {
-			if got := charge(t, base, "", 1, "k-1"); got != http.StatusServiceUnavailable {
+			if got := postCharge(t, base, "", 1, "k-1"); got != http.StatusServiceUnavailable {
 				t.Errorf("--fail-rate 1: %d, want 503", got)
 			}
 			if st := pspStats(t, base); st.InjectedFailures != 1 || st.ChargesCreated != 0 {
@@ -74,7 +74,7 @@ func TestFakepsp_ServesWithTheFaultsOfItsFlags(t *testing.T) {
 		}},
 		{"LatencyDelaysTheAnswer", []string{"--latency", "150ms"}, nil, func(t *testing.T, base string) {
 			start := time.Now()
-			if got := charge(t, base, "", 1, "k-1"); got != http.StatusOK {
+			if got := postCharge(t, base, "", 1, "k-1"); got != http.StatusOK {
 				t.Errorf("status %d, want 200", got)
 			}
 			if took := time.Since(start); took < 150*time.Millisecond {
@@ -85,16 +85,16 @@ func TestFakepsp_ServesWithTheFaultsOfItsFlags(t *testing.T) {
 			// Go's transport may resend the request on a reset reused
 			// connection and get the stored answer replayed; either way the
 			// provider charged once and reset the first answer.
-			charge(t, base, "", 1, "k-1")
+			postCharge(t, base, "", 1, "k-1")
 			if st := pspStats(t, base); st.Resets != 1 || st.ChargesCreated != 1 {
 				t.Errorf("stats %+v: want one charge whose answer was reset", st)
 			}
 		}},
 		{"APIKeyFromTheEnvironment", nil, map[string]string{"PAYMENT_API_KEY": "sk_test_env"}, func(t *testing.T, base string) {
-			if got := charge(t, base, "", 1, "k-1"); got != http.StatusUnauthorized {
+			if got := postCharge(t, base, "", 1, "k-1"); got != http.StatusUnauthorized {
 				t.Errorf("without the key: %d, want 401", got)
 			}
-			if got := charge(t, base, "sk_test_env", 1, "k-1"); got != http.StatusOK {
+			if got := postCharge(t, base, "sk_test_env", 1, "k-1"); got != http.StatusOK {
 				t.Errorf("with the key: %d, want 200", got)
 			}
 		}},

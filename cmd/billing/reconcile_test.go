@@ -59,7 +59,7 @@ func TestReconcile_AfterThePipelineThenWithLosses(t *testing.T) {
 		t.Fatal(err)
 	}
 	extra := uuid.Must(uuid.NewV7()).String()
-	if code := charge(t, h.pspURL, "", 999, extra); code != http.StatusOK {
+	if code := postCharge(t, h.pspURL, "", 999, extra); code != http.StatusOK {
 		t.Fatalf("extra provider charge: %d", code)
 	}
 

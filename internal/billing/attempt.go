@@ -15,6 +15,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
@@ -22,33 +23,13 @@ import (
 	"example.com/billing/internal/tracing"
 )
 
-// Statuses of a charge attempt (the charge table's status column).
-const (
-	statusPending   = "pending"   // recorded before the provider call; no answer recorded yet
-	statusSucceeded = "succeeded" // charged; provider_charge_id holds the provider's id
-	statusDeclined  = "declined"  // the provider declined the payment (402)
-	statusRejected  = "rejected"  // the provider refused the request (422/400); the event was parked
-)
-
-// attempt is one row of the charge table: a provider request and what is
-// known of its outcome. Everything the request needs is in the row, so any
-// worker can complete a pending attempt.
-type attempt struct {
-	EventID    uuid.UUID `db:"event_id"` // the Idempotency-Key
-	OrderID    int64     `db:"order_id"`
-	CustomerID int64     `db:"customer_id"`
-	Amount     int64     `db:"amount_minor"`
-	Currency   string    `db:"currency"`
-	Status     string    `db:"status"`
-	LastError  *string   `db:"last_error"`
-	CreatedAt  time.Time `db:"created_at"`
-}
-
-const attemptColumns = `event_id, order_id, customer_id, amount_minor, currency, status, last_error, created_at`
+// attempt is one row of the charge table, a provider request and what is
+// known of its outcome, with what billing does with it.
+type attempt struct{ charge.Row }
 
 func newAttemptOf(ev order.Event) attempt {
-	return attempt{EventID: ev.ID, OrderID: ev.OrderID, CustomerID: ev.CustomerID,
-		Amount: ev.Amount.Minor, Currency: ev.Amount.Currency, Status: statusPending, CreatedAt: time.Now()}
+	return attempt{charge.Row{EventID: ev.ID, OrderID: ev.OrderID, CustomerID: ev.CustomerID,
+		Amount: ev.Amount.Minor, Currency: ev.Amount.Currency, Status: charge.Pending, CreatedAt: time.Now()}}
 }
 
 // request is the provider request of the attempt: the same bytes whoever
@@ -67,11 +48,11 @@ func (a attempt) sameRequest(ev order.Event) bool {
 // outcome is the event outcome a settled attempt stands for.
 func (a attempt) outcome() Outcome {
 	switch a.Status {
-	case statusSucceeded:
+	case charge.Succeeded:
 		return Charged
-	case statusDeclined:
+	case charge.Declined:
 		return Declined
-	case statusRejected:
+	case charge.Rejected:
 		return Parked
 	}
 	return Pending
@@ -138,11 +119,11 @@ func (p *Processor) round(ctx context.Context, results []Result, idx []int) ([]i
 			next = append(next, i) // its attempt was not recorded after all
 		case c.expired:
 			results[i].park(CodeStaleEvent, expiredDetail(c.a, own, p.horizon.providerWindow()))
-		case c.a.Status == statusPending:
+		case c.a.Status == charge.Pending:
 			failed = cmpOr(failed, c.err) // still unanswered: the caller retries
 		case !own:
 			next = append(next, i) // the order's other attempt is settled: decide now
-		case c.a.Status == statusRejected:
+		case c.a.Status == charge.Rejected:
 			detail := "the provider refused the request"
 			if c.a.LastError != nil {
 				detail = *c.a.LastError
@@ -292,7 +273,7 @@ UPDATE charge AS c SET
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, status, provider_id, err, counted_by)
 WHERE c.event_id = u.id AND c.status = 'pending'
 RETURNING c.event_id, c.status`
-	const reread = `SELECT ` + attemptColumns + ` FROM charge WHERE event_id = ANY($1::uuid[])`
+	const reread = `SELECT ` + charge.Columns + ` FROM charge WHERE event_id = ANY($1::uuid[])`
 
 	var ids, statuses, providerIDs, errs, countedBy, all pq.StringArray
 	for id, c := range calls {
@@ -305,14 +286,14 @@ RETURNING c.event_id, c.status`
 			counted = results[c.countedFor].counter
 		}
 		countedBy = append(countedBy, counted)
-		status, errText := statusPending, ""
+		status, errText := charge.Pending, ""
 		switch {
 		case c.err == nil:
-			status = statusSucceeded
+			status = charge.Succeeded
 		case errors.Is(c.err, payment.ErrDeclined):
-			status, errText = statusDeclined, c.err.Error()
+			status, errText = charge.Declined, c.err.Error()
 		case errors.Is(c.err, payment.ErrRejected):
-			status, errText = statusRejected, c.err.Error()
+			status, errText = charge.Rejected, c.err.Error()
 		default:
 			errText = c.err.Error()
 		}
@@ -337,7 +318,7 @@ RETURNING c.event_id, c.status`
 		// only this transaction moved these attempts out of pending.
 		var outcomes []outbox.Outcome
 		for _, ch := range changed {
-			if ch.Status == statusPending {
+			if ch.Status == charge.Pending {
 				continue
 			}
 			o, err := p.outcomeOf(results, calls[ch.EventID], ch.Status)
@@ -363,7 +344,7 @@ RETURNING c.event_id, c.status`
 		}
 	}
 	for _, ch := range changed {
-		if c, ok := calls[ch.EventID]; ok && ch.Status != statusPending {
+		if c, ok := calls[ch.EventID]; ok && ch.Status != charge.Pending {
 			c.settledHere = true
 		}
 	}
@@ -376,17 +357,17 @@ func (p *Processor) outcomeOf(results []Result, c *call, status string) (outbox.
 	a := c.a
 	ev := order.Event{ID: a.EventID, OrderID: a.OrderID, CustomerID: a.CustomerID,
 		Amount: order.Money{Minor: a.Amount, Currency: a.Currency}}
-	typ := map[string]string{statusSucceeded: outbox.Succeeded, statusDeclined: outbox.Declined, statusRejected: outbox.Failed}[status]
+	typ := map[string]string{charge.Succeeded: outbox.Succeeded, charge.Declined: outbox.Declined, charge.Rejected: outbox.Failed}[status]
 	o, err := outbox.NewOutcome(typ, ev, p.now())
 	if err != nil {
 		return o, err
 	}
 	switch status {
-	case statusSucceeded:
+	case charge.Succeeded:
 		o.ProviderChargeID = c.charge.ID
-	case statusDeclined:
+	case charge.Declined:
 		o.DeclineCode = payment.DeclineCode(c.err)
-	case statusRejected:
+	case charge.Rejected:
 		o.Reason = CodeProviderRejected
 	}
 	sc := c.trace

@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/order"
 )
@@ -77,9 +78,9 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 		for _, a := range rows {
 			byEvent[a.EventID] = a
 			switch a.Status {
-			case statusSucceeded:
+			case charge.Succeeded:
 				paid[a.OrderID] = true
-			case statusPending:
+			case charge.Pending:
 				busy[a.OrderID] = a.EventID
 				pl.calls[a.EventID] = newCall(a, true)
 			}
@@ -105,9 +106,9 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 					ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
 				decided[i] = r
 				continue
-			case hasOwn && own.Status == statusPending:
+			case hasOwn && own.Status == charge.Pending:
 				in = resume
-			case hasOwn && own.Status != statusRejected:
+			case hasOwn && own.Status != charge.Rejected:
 				in = settled
 			case paid[ev.OrderID]:
 				in = alreadyCharged
@@ -151,7 +152,7 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 				c := newCall(byEvent[ev.ID], in == resume)
 				if in == retryRejected {
 					retried = append(retried, ev.ID)
-					c.a.Status, c.a.CreatedAt = statusPending, p.now()
+					c.a.Status, c.a.CreatedAt = charge.Pending, p.now()
 				}
 				pl.waits[i] = ev.ID
 				pl.calls[ev.ID] = c
@@ -283,7 +284,7 @@ ORDER BY h`
 // selectAttempts reads the attempts of orderIDs and those of the events
 // themselves (an event id recorded for another order is a mismatch).
 func selectAttempts(ctx context.Context, tx *sqlx.Tx, orderIDs []int64, events []order.Event) ([]attempt, error) {
-	const q = `SELECT ` + attemptColumns + ` FROM charge WHERE order_id = ANY($1::int8[]) OR event_id = ANY($2::uuid[])`
+	const q = `SELECT ` + charge.Columns + ` FROM charge WHERE order_id = ANY($1::int8[]) OR event_id = ANY($2::uuid[])`
 	ids := make(pq.StringArray, len(events))
 	for i, ev := range events {
 		ids[i] = ev.ID.String()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"example.com/billing/internal/charge"
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
 )
@@ -58,7 +59,7 @@ WHERE event_id IN (
     ORDER BY updated_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
-RETURNING ` + attemptColumns
+RETURNING ` + charge.Columns
 	var taken []attempt
 	err = p.inTx(ctx, "recover", nil, nil, func(tx *sqlx.Tx) error {
 		taken = taken[:0]

@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/payment"
 )
 
@@ -35,7 +36,7 @@ type Record struct {
 	CustomerID       int64     `json:"customerId"`
 	Amount           int64     `json:"amount"` // minor units
 	Currency         string    `json:"currency"`
-	Status           string    `json:"status"` // one of the Status constants
+	Status           string    `json:"status"` // one of charge's statuses
 	ProviderChargeID string    `json:"providerChargeId,omitempty"`
 	CreatedAt        time.Time `json:"createdAt"`
 }
@@ -43,16 +44,6 @@ type Record struct {
 // Charge is the provider's side: one charge it created, as the payment
 // client lists it.
 type Charge = payment.ListedCharge
-
-// Statuses of a charge row. Only a succeeded charge moved money, so only
-// those are compared; a pending row is an attempt whose answer is not
-// recorded yet (its provider side may or may not exist).
-const (
-	StatusSucceeded = "succeeded"
-	StatusDeclined  = "declined"
-	StatusRejected  = "rejected" // the provider refused the request itself
-	StatusPending   = "pending"
-)
 
 // Ledger is the provider's record of charges (payment.Client).
 //
@@ -177,7 +168,7 @@ func Compare(w Window, records []Record, charges []Charge) Report {
 	// or pending attempts has nothing there to reconcile.
 	succeeded := make([]*Charge, 0, len(charges))
 	for i := range charges {
-		if charges[i].Status == "" || charges[i].Status == StatusSucceeded {
+		if charges[i].Status == "" || charges[i].Status == charge.Succeeded {
 			succeeded = append(succeeded, &charges[i])
 		}
 	}
@@ -228,7 +219,7 @@ func Compare(w Window, records []Record, charges []Charge) Report {
 		if !w.Contains(r.CreatedAt) && (c == nil || !w.Contains(c.Created)) {
 			continue // neither side in the window: another window's pair
 		}
-		if r.Status == StatusPending {
+		if r.Status == charge.Pending {
 			d := Discrepancy{Kind: Pending, Key: r.EventID, Record: r, Charge: c,
 				Note: "no charge at the provider under its key"}
 			if c != nil {
@@ -240,10 +231,10 @@ func Compare(w Window, records []Record, charges []Charge) Report {
 		}
 		if c == nil {
 			switch r.Status {
-			case StatusDeclined:
+			case charge.Declined:
 				rep.Summary.Declined++
 				continue
-			case StatusRejected:
+			case charge.Rejected:
 				rep.Summary.Rejected++
 				continue
 			}
@@ -298,12 +289,12 @@ func diff(r *Record, c *Charge) []Diff {
 	}
 	// A declined row paired with a succeeded charge: the customer paid for
 	// an order billing believes unpaid.
-	add("status", r.Status, StatusSucceeded)
+	add("status", r.Status, charge.Succeeded)
 	add("orderId", fmt.Sprint(r.OrderID), fmt.Sprint(c.OrderID))
 	add("customerId", fmt.Sprint(r.CustomerID), fmt.Sprint(c.CustomerID))
 	add("amount", fmt.Sprint(r.Amount), fmt.Sprint(c.Amount))
 	add("currency", strings.TrimSpace(r.Currency), c.Currency)
-	if r.ProviderChargeID != "" || r.Status == StatusSucceeded {
+	if r.ProviderChargeID != "" || r.Status == charge.Succeeded {
 		add("providerChargeId", r.ProviderChargeID, c.ID)
 	}
 	if c.IdempotencyKey != "" {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/reconcile"
 )
 
@@ -24,7 +25,7 @@ const (
 // rec is a succeeded row of key at t that pairs with chg(key, t).
 func rec(key string, t time.Time) reconcile.Record {
 	return reconcile.Record{EventID: key, OrderID: 42, CustomerID: 7, Amount: 1999, Currency: "EUR",
-		Status: reconcile.StatusSucceeded, ProviderChargeID: "ch_" + key[len(key)-4:], CreatedAt: t}
+		Status: charge.Succeeded, ProviderChargeID: "ch_" + key[len(key)-4:], CreatedAt: t}
 }
 
 func chg(key string, t time.Time) reconcile.Charge {
@@ -35,7 +36,7 @@ func chg(key string, t time.Time) reconcile.Charge {
 func with[T any](v T, f func(*T)) T { f(&v); return v }
 
 func TestCompare(t *testing.T) {
-	declined := with(rec(key1, mid), func(r *reconcile.Record) { r.Status, r.ProviderChargeID = reconcile.StatusDeclined, "" })
+	declined := with(rec(key1, mid), func(r *reconcile.Record) { r.Status, r.ProviderChargeID = charge.Declined, "" })
 	tests := []struct {
 		name    string
 		records []reconcile.Record
@@ -64,19 +65,19 @@ func TestCompare(t *testing.T) {
 		},
 		{
 			name:    "rejected row is not expected at the provider",
-			records: []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = reconcile.StatusRejected })},
+			records: []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = charge.Rejected })},
 			want:    reconcile.Summary{Records: 1, Rejected: 1},
 		},
 		{
 			name:     "pending attempt the provider charged",
-			records:  []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = reconcile.StatusPending })},
+			records:  []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = charge.Pending })},
 			charges:  []reconcile.Charge{chg(key1, mid)},
 			want:     reconcile.Summary{Records: 1, Charges: 1, Pending: 1},
 			wantDisc: []string{"pending"},
 		},
 		{
 			name:     "pending attempt without a provider charge",
-			records:  []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = reconcile.StatusPending })},
+			records:  []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = charge.Pending })},
 			want:     reconcile.Summary{Records: 1, Pending: 1},
 			wantDisc: []string{"pending"},
 		},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"example.com/billing/internal/charge"
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -18,25 +19,10 @@ type Store struct {
 // NewStore returns a Store reading db.
 func NewStore(db *sqlx.DB) *Store { return &Store{db: db} }
 
-// recordRow is a charge row as it is scanned.
-type recordRow struct {
-	EventID          string    `db:"event_id"`
-	OrderID          int64     `db:"order_id"`
-	CustomerID       int64     `db:"customer_id"`
-	Amount           int64     `db:"amount_minor"`
-	Currency         string    `db:"currency"`
-	Status           string    `db:"status"`
-	ProviderChargeID *string   `db:"provider_charge_id"`
-	CreatedAt        time.Time `db:"created_at"`
-}
-
-const recordColumns = `event_id, order_id, customer_id, amount_minor, currency, status, provider_charge_id, created_at`
-
 // InWindow returns the rows created in w (index charge_created_at).
 func (s *Store) InWindow(ctx context.Context, w Window) ([]Record, error) {
-	var rows []recordRow
-	const q = `SELECT ` + recordColumns + ` FROM charge WHERE created_at >= $1 AND created_at < $2`
-	if err := s.db.SelectContext(ctx, &rows, q, w.From, w.To); err != nil {
+	rows, err := charge.Select(ctx, s.db, `WHERE created_at >= $1 AND created_at < $2`, w.From, w.To)
+	if err != nil {
 		return nil, fmt.Errorf("select charges created in [%s, %s): %w", w.From.Format(time.RFC3339), w.To.Format(time.RFC3339), err)
 	}
 	return toRecords(rows), nil
@@ -55,9 +41,8 @@ func (s *Store) ByKey(ctx context.Context, keys, chargeIDs []string) ([]Record, 
 	}
 	var out []Record
 	if len(ids) > 0 {
-		var rows []recordRow
-		const q = `SELECT ` + recordColumns + ` FROM charge WHERE event_id = ANY($1::uuid[])`
-		if err := s.db.SelectContext(ctx, &rows, q, ids); err != nil {
+		rows, err := charge.Select(ctx, s.db, `WHERE event_id = ANY($1::uuid[])`, ids)
+		if err != nil {
 			return nil, fmt.Errorf("select charges by event id: %w", err)
 		}
 		out = append(out, toRecords(rows)...)
@@ -65,9 +50,8 @@ func (s *Store) ByKey(ctx context.Context, keys, chargeIDs []string) ([]Record, 
 	// Only for provider charges that carry no key, which billing never
 	// makes: provider_charge_id has no index, and this reads the table.
 	if len(chargeIDs) > 0 {
-		var rows []recordRow
-		const q = `SELECT ` + recordColumns + ` FROM charge WHERE provider_charge_id = ANY($1::text[])`
-		if err := s.db.SelectContext(ctx, &rows, q, pq.StringArray(chargeIDs)); err != nil {
+		rows, err := charge.Select(ctx, s.db, `WHERE provider_charge_id = ANY($1::text[])`, pq.StringArray(chargeIDs))
+		if err != nil {
 			return nil, fmt.Errorf("select charges by provider charge id: %w", err)
 		}
 		out = append(out, toRecords(rows)...)
@@ -75,11 +59,11 @@ func (s *Store) ByKey(ctx context.Context, keys, chargeIDs []string) ([]Record, 
 	return out, nil
 }
 
-func toRecords(rows []recordRow) []Record {
+func toRecords(rows []charge.Row) []Record {
 	out := make([]Record, len(rows))
 	for i, r := range rows {
 		out[i] = Record{
-			EventID:    r.EventID,
+			EventID:    r.EventID.String(),
 			OrderID:    r.OrderID,
 			CustomerID: r.CustomerID,
 			Amount:     r.Amount,

@@ -14,6 +14,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/metrics"
@@ -67,10 +68,10 @@ func (w *world) charge(key string, orderID, amount int64) string {
 // row records a charge row; chargeID "" records a decline.
 func (w *world) row(key string, orderID, amount int64, chargeID string, at time.Time) {
 	w.t.Helper()
-	status := reconcile.StatusSucceeded
+	status := charge.Succeeded
 	var pid *string
 	if chargeID == "" {
-		status = reconcile.StatusDeclined
+		status = charge.Declined
 	} else {
 		pid = &chargeID
 	}

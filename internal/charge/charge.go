@@ -1,0 +1,51 @@
+// Package charge owns the charge table's row: one payment request to the
+// provider, keyed by the event that asked for it, and what is known of its
+// outcome. billing writes the rows (claim, charge, settle); reconcile, the
+// demo and the chaos suite read them with this same struct and these same
+// columns, so that a column added to the table is added in one place.
+package charge
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jmoiron/sqlx"
+)
+
+// Statuses of a row (the status column). Only a succeeded charge moved
+// money.
+const (
+	Pending   = "pending"   // recorded before the provider call; no answer recorded yet
+	Succeeded = "succeeded" // charged; ProviderChargeID holds the provider's id
+	Declined  = "declined"  // the provider declined the payment (402)
+	Rejected  = "rejected"  // the provider refused the request itself (422/400); the event was parked
+)
+
+// Row is one row of the charge table. Everything the provider request needs
+// is in it, so any worker can complete a pending attempt.
+type Row struct {
+	EventID          uuid.UUID `db:"event_id"` // the provider request's Idempotency-Key
+	OrderID          int64     `db:"order_id"`
+	CustomerID       int64     `db:"customer_id"`
+	Amount           int64     `db:"amount_minor"`
+	Currency         string    `db:"currency"`
+	Status           string    `db:"status"`
+	ProviderChargeID *string   `db:"provider_charge_id"`
+	LastError        *string   `db:"last_error"`
+	CreatedAt        time.Time `db:"created_at"`
+}
+
+// Columns are Row's columns, for SELECT and RETURNING lists.
+const Columns = `event_id, order_id, customer_id, amount_minor, currency, status, provider_charge_id, last_error, created_at`
+
+// Select returns the rows that the SQL text after `FROM charge` selects (a
+// WHERE clause, or "" for every row), with args as its parameters.
+func Select(ctx context.Context, q sqlx.QueryerContext, where string, args ...any) ([]Row, error) {
+	var rows []Row
+	if err := sqlx.SelectContext(ctx, q, &rows, `SELECT `+Columns+` FROM charge `+where, args...); err != nil {
+		return nil, fmt.Errorf("read the charge table: %w", err)
+	}
+	return rows, nil
+}
