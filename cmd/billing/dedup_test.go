@@ -11,6 +11,7 @@ import (
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/wait"
 )
 
 func TestServe_StaleAndTamperedEventsAreParkedUncharged(t *testing.T) {
@@ -53,7 +54,7 @@ func TestServe_StaleAndTamperedEventsAreParkedUncharged(t *testing.T) {
 	if r := reasons[string(staleValue)]; !strings.HasPrefix(r, "stale-event: ") {
 		t.Errorf("stale event reason %q, want stale-event", r)
 	}
-	eventually(t, 5*time.Second, "dlq metrics", func() bool {
+	wait.For(t, 5*time.Second, "dlq metrics", func() bool {
 		return s.metric(t, `billing_dlq_messages_total{reason="payload-mismatch"}`) == 1 &&
 			s.metric(t, `billing_dlq_messages_total{reason="stale-event"}`) == 1
 	})

@@ -13,6 +13,7 @@ import (
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/wait"
 )
 
 // dlqReplay runs `billing dlq replay args...` and returns its stdout.
@@ -107,7 +108,7 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 	// The charged event replayed once more (another group) is a duplicate.
 	dlqReplay(t, env, "--reason", "provider-rejected", "--group", "ops-second-look")
 	h.waitCaughtUp()
-	eventually(t, 10*time.Second, "metrics", func() bool {
+	wait.For(t, 10*time.Second, "metrics", func() bool {
 		return s.metric(t, `billing_events_total{outcome="duplicate"}`) == 1 &&
 			s.metric(t, `billing_events_total{outcome="charged"}`) == 2 &&
 			s.metric(t, `billing_dlq_messages_total{reason="invalid-event"}`) == 2 &&

@@ -21,6 +21,7 @@ import (
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/wait"
 )
 
 // harness is the outside world of one `billing serve`: a real broker
@@ -98,7 +99,7 @@ func startServe(t *testing.T, env map[string]string) *service {
 			t.Logf("serve logs:\n%s", s.logs.String())
 		}
 	})
-	eventually(t, 20*time.Second, "/healthz", func() bool {
+	wait.For(t, 20*time.Second, "/healthz", func() bool {
 		select {
 		case err := <-s.done:
 			s.done <- err
@@ -114,7 +115,7 @@ func startServe(t *testing.T, env map[string]string) *service {
 // waitLog waits until the logs contain substr.
 func (s *service) waitLog(t *testing.T, substr string) {
 	t.Helper()
-	eventually(t, 20*time.Second, "log "+substr, func() bool { return strings.Contains(s.logs.String(), substr) })
+	wait.For(t, 20*time.Second, "log "+substr, func() bool { return strings.Contains(s.logs.String(), substr) })
 }
 
 func (s *service) waitReady(t *testing.T) {
@@ -207,18 +208,6 @@ func (h *harness) count(query string, args ...any) int {
 		h.t.Fatalf("%s: %v", query, err)
 	}
 	return n
-}
-
-// eventually polls cond until it holds or fails the test after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func get(addr, path string) (int, string) {

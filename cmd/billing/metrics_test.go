@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/wait"
 )
 
 // /metrics after a run tells what happened: every message under one outcome,
@@ -30,10 +31,10 @@ func TestMetrics_TellWhatHappened(t *testing.T) {
 	h.publish(1, "501", dup)
 	h.publish(1, "501", dup)
 
-	eventually(t, 20*time.Second, "lag to show the waiting events", func() bool {
+	wait.For(t, 20*time.Second, "lag to show the waiting events", func() bool {
 		return s.metric(t, `billing_consumer_lag{partition="0"}`)+s.metric(t, `billing_consumer_lag{partition="1"}`) >= n
 	})
-	eventually(t, 10*time.Second, "retries while the provider is down", func() bool {
+	wait.For(t, 10*time.Second, "retries while the provider is down", func() bool {
 		return s.metric(t, `billing_retries_total{cause="payment"}`) > 0 &&
 			s.metric(t, `billing_payment_requests_total{result="server_error"}`) > 0
 	})
@@ -41,7 +42,7 @@ func TestMetrics_TellWhatHappened(t *testing.T) {
 	h.psp.SetDown(false)
 	h.waitCaughtUp()
 	// The partitions are idle now; the lag still comes down to zero.
-	eventually(t, 15*time.Second, "lag back to zero", func() bool {
+	wait.For(t, 15*time.Second, "lag back to zero", func() bool {
 		return s.metric(t, `billing_consumer_lag{partition="0"}`) == 0 && s.metric(t, `billing_consumer_lag{partition="1"}`) == 0
 	})
 

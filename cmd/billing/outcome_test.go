@@ -13,6 +13,7 @@ import (
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/wait"
 )
 
 // outcomeEvent is a payments.settled value as the order service reads it.
@@ -35,7 +36,7 @@ type outcomeEvent struct {
 func (h *harness) outcomes(n int) (map[string]outcomeEvent, []*sarama.ConsumerMessage) {
 	h.t.Helper()
 	var msgs []*sarama.ConsumerMessage
-	eventually(h.t, 30*time.Second, strconv.Itoa(n)+" outcome events", func() bool {
+	wait.For(h.t, 30*time.Second, strconv.Itoa(n)+" outcome events", func() bool {
 		msgs = kafkatest.ReadAll(h.t, h.client, h.broker.OutcomeTopic)
 		return len(msgs) >= n
 	})
@@ -146,7 +147,7 @@ func TestServe_PublishesOneOutcomeEventPerSettledEvent(t *testing.T) {
 	if got := h.count(`SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`); got != len(events)+1 {
 		t.Errorf("outbox rows marked published = %d, want %d", got, len(events)+1)
 	}
-	eventually(t, 10*time.Second, "outbox metrics", func() bool {
+	wait.For(t, 10*time.Second, "outbox metrics", func() bool {
 		return s.metric(t, `billing_outbox_published_total{event_type="payment.succeeded.v1"}`) == 8 &&
 			s.metric(t, `billing_outbox_published_total{event_type="payment.declined.v1"}`) == 2 &&
 			s.metric(t, `billing_outbox_published_total{event_type="payment.failed.v1"}`) == 1 &&

@@ -10,6 +10,7 @@ import (
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/wait"
 )
 
 // With the provider taking 2 s an answer, no database session of serve
@@ -119,7 +120,7 @@ func TestServe_TwoEventsOfOneOrderWithLostAnswersChargeItOnce(t *testing.T) {
 	if got := h.count(`SELECT count(*) FROM charge WHERE status = 'pending'`); got != 0 {
 		t.Errorf("%d attempts left pending", got)
 	}
-	eventually(t, 5*time.Second, "outcomes", func() bool {
+	wait.For(t, 5*time.Second, "outcomes", func() bool {
 		return s.metric(t, `billing_events_total{outcome="charged"}`) == orders &&
 			s.metric(t, `billing_events_total{outcome="already_charged"}`) == orders
 	})
@@ -145,14 +146,14 @@ func TestServe_MaintenanceCompletesOrphanedAttemptsAndReportsExpiredOnes(t *test
 	}
 	s := h.serve(h.environ("PAYMENT_TIMEOUT", "1s", "PAYMENT_RECOVER_AFTER", "2s"))
 
-	eventually(t, 20*time.Second, "the orphan completed", func() bool {
+	wait.For(t, 20*time.Second, "the orphan completed", func() bool {
 		return h.count(`SELECT count(*) FROM charge WHERE event_id = $1 AND status = 'succeeded'`, orphan.ID) == 1
 	})
 	charges := h.psp.Charges()
 	if len(charges) != 1 || charges[0].IdempotencyKey != orphan.ID.String() || charges[0].Amount != 4200 {
 		t.Fatalf("provider charges %+v, want the orphan's only", charges)
 	}
-	eventually(t, 10*time.Second, "metrics", func() bool {
+	wait.For(t, 10*time.Second, "metrics", func() bool {
 		return s.metric(t, `billing_charge_attempts_recovered_total{result="succeeded"}`) == 1 &&
 			s.metric(t, `billing_charge_attempts_expired`) == 1 &&
 			s.metric(t, `billing_charge_attempts_pending`) == 1

@@ -13,6 +13,7 @@ import (
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/wait"
 )
 
 func TestServe_ChargesEveryEventOnce(t *testing.T) {
@@ -65,7 +66,7 @@ func TestServe_ChargesEveryEventOnce(t *testing.T) {
 			t.Errorf("charge row of order %d: %d %s, want %d %s", r.OrderID, r.Amount, r.Currency, w.Amount, w.Currency)
 		}
 	}
-	eventually(t, 5*time.Second, "charged metric", func() bool {
+	wait.For(t, 5*time.Second, "charged metric", func() bool {
 		return s.metric(t, `billing_events_total{outcome="charged"}`) == n
 	})
 	if got := s.metric(t, `billing_payment_requests_total{result="charged"}`); got != n {
@@ -108,7 +109,7 @@ func TestServe_DuplicatesInOneAndInDifferentPartitionsAreSkipped(t *testing.T) {
 	if extra := st.Requests - orders; extra > st.Conflicts+st.Replays || st.Replays+st.Conflicts > orders*2 {
 		t.Errorf("provider saw %d requests for %d orders (%d replays, %d conflicts): duplicates reached it", st.Requests, orders, st.Replays, st.Conflicts)
 	}
-	eventually(t, 5*time.Second, "metrics", func() bool {
+	wait.For(t, 5*time.Second, "metrics", func() bool {
 		return s.metric(t, `billing_events_total{outcome="charged"}`) == orders &&
 			s.metric(t, `billing_events_total{outcome="duplicate"}`) == 2*orders
 	})
@@ -153,7 +154,7 @@ func TestServe_ProviderOutageIsRetriedWithTheSameKey(t *testing.T) {
 	ev, value := event(t, 42, 1999, "EUR")
 	h.publish(0, "42", value)
 
-	eventually(t, 10*time.Second, "failed attempts", func() bool { return h.psp.Stats().InjectedFailures >= 2 })
+	wait.For(t, 10*time.Second, "failed attempts", func() bool { return h.psp.Stats().InjectedFailures >= 2 })
 	// The claim and its pending attempt are the recovery point; the retries
 	// resume that attempt under the same key.
 	if got := h.count(`SELECT count(*) FROM charge WHERE event_id = $1 AND status = 'pending' AND requests >= 1`, ev.ID); got != 1 {
@@ -184,7 +185,7 @@ func TestServe_LostProviderAnswerIsDeduplicatedByTheProvider(t *testing.T) {
 	ev, value := event(t, 43, 500, "EUR")
 	h.publish(0, "43", value)
 
-	eventually(t, 10*time.Second, "a reset after charging", func() bool { return h.psp.Stats().Resets >= 1 })
+	wait.For(t, 10*time.Second, "a reset after charging", func() bool { return h.psp.Stats().Resets >= 1 })
 	h.psp.SetOptions(fakepsp.Options{Seed: 1})
 	h.waitCaughtUp()
 
@@ -218,7 +219,7 @@ func TestServe_DeclineIsRecordedAndNotRetried(t *testing.T) {
 	if st := h.psp.Stats(); st.Requests != 1 || st.ChargesCreated != 0 {
 		t.Errorf("provider stats %+v: want exactly one request, no charge", st)
 	}
-	eventually(t, 5*time.Second, "declined metric", func() bool {
+	wait.For(t, 5*time.Second, "declined metric", func() bool {
 		return s.metric(t, `billing_events_total{outcome="declined"}`) == 1
 	})
 }
@@ -303,7 +304,7 @@ func TestServe_InvalidAndRejectedEventsAreParkedWithReasons(t *testing.T) {
 	if got := h.count(`SELECT count(*) FROM processed_event`); got != 1 {
 		t.Errorf("processed_event rows = %d, want the rejected event's claim only: invalid events are not processed", got)
 	}
-	eventually(t, 5*time.Second, "invalid metric", func() bool {
+	wait.For(t, 5*time.Second, "invalid metric", func() bool {
 		return s.metric(t, `billing_events_total{outcome="invalid"}`) == float64(len(bad)+1) &&
 			s.metric(t, `billing_dlq_messages_total{reason="invalid-event"}`) == float64(len(bad)) &&
 			s.metric(t, `billing_dlq_messages_total{reason="provider-rejected"}`) == 1
@@ -338,7 +339,7 @@ func TestServe_TwoEventsForOneOrderChargeItOnce(t *testing.T) {
 	if got := h.count(`SELECT count(*) FROM processed_event`); got != 4*orders {
 		t.Errorf("processed events = %d, want %d", got, 4*orders)
 	}
-	eventually(t, 5*time.Second, "already_charged metric", func() bool {
+	wait.For(t, 5*time.Second, "already_charged metric", func() bool {
 		return s.metric(t, `billing_events_total{outcome="already_charged"}`) == 3*orders
 	})
 }
@@ -416,7 +417,7 @@ func TestServe_ReadyzNamesWhatIsMissing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { done <- run(ctx, []string{"billing", "serve"}, env, &bytes.Buffer{}, &syncBuffer{}) }()
-	eventually(t, 10*time.Second, "/healthz", func() bool { c, _ := get(env["HTTP_ADDR"], "/healthz"); return c == http.StatusOK })
+	wait.For(t, 10*time.Second, "/healthz", func() bool { c, _ := get(env["HTTP_ADDR"], "/healthz"); return c == http.StatusOK })
 	code, body = get(env["HTTP_ADDR"], "/readyz")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "consumer group session") {
 		t.Errorf("/readyz = %d %s, want 503 naming the consumer group session", code, body)

@@ -14,6 +14,7 @@ import (
 	"example.com/billing/db/migrations"
 	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/wait"
 )
 
 // schemaEnv is serve's environment on the database dsn, with a broker that
@@ -112,7 +113,7 @@ func TestServe_ReadyzSaysWhenTheSchemaFallsBehind(t *testing.T) {
 	if _, err := h.db.Exec(`DELETE FROM goose_db_version WHERE version_id = $1`, want); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "/readyz 503 naming the schema", func() bool {
+	wait.For(t, 10*time.Second, "/readyz 503 naming the schema", func() bool {
 		code, body := get(s.addr, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "database schema") && strings.Contains(body, "billing migrate")
 	})

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"example.com/billing/internal/wait"
 )
 
 // TestServe_StopsWhileTheDatabaseDoesNotAnswer: SIGTERM ends serve within
@@ -29,7 +31,7 @@ func TestServe_StopsWhileTheDatabaseDoesNotAnswer(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, []string{"billing", "serve"}, env, io.Discard, logs) }()
-	eventually(t, 60*time.Second, "/readyz 200", func() bool {
+	wait.For(t, 60*time.Second, "/readyz 200", func() bool {
 		code, _ := get(env["HTTP_ADDR"], "/readyz")
 		return code == http.StatusOK
 	})
@@ -37,7 +39,7 @@ func TestServe_StopsWhileTheDatabaseDoesNotAnswer(t *testing.T) {
 	db.freeze()
 	_, value := event(t, 7, 1500, "EUR")
 	h.publish(0, "7", value)
-	eventually(t, 30*time.Second, "the event's transaction waiting on the database", func() bool { return db.stalled.Load() > 0 })
+	wait.For(t, 30*time.Second, "the event's transaction waiting on the database", func() bool { return db.stalled.Load() > 0 })
 
 	cancel() // what SIGTERM does
 	stopping := time.Now()

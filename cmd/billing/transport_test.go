@@ -14,6 +14,7 @@ import (
 	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/wait"
 )
 
 // The tests in this file prove billing's secure transport end to end: the
@@ -152,7 +153,7 @@ func TestServe_SecretsNeverReachLogsOrMetrics(t *testing.T) {
 		s := h.serve(env)
 		_, value := event(t, 12, 990, "EUR")
 		h.publish(0, "12", value)
-		eventually(t, 20*time.Second, "a 401 from the provider", func() bool {
+		wait.For(t, 20*time.Second, "a 401 from the provider", func() bool {
 			return s.metric(t, `billing_payment_requests_total{result="unauthorized"}`) >= 1
 		})
 		requireNoSecretsServed(t, s.addr)
@@ -215,7 +216,7 @@ func chargesAndParks(t *testing.T, h *harness, env map[string]string) {
 	if parked := kafkatest.ReadAll(t, h.client, h.broker.DLQTopic); len(parked) != 1 || string(parked[0].Value) != "{oops" {
 		t.Errorf("DLQ holds %d messages, want the invalid one", len(parked))
 	}
-	eventually(t, 5*time.Second, "metrics", func() bool {
+	wait.For(t, 5*time.Second, "metrics", func() bool {
 		return s.metric(t, `billing_events_total{outcome="charged"}`) == 1 &&
 			s.metric(t, `billing_events_total{outcome="invalid"}`) == 1
 	})

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/wait"
 )
 
 const validBody = `{"orderId":123,"customerId":45,"amount":1999,"currency":"EUR"}`
@@ -342,7 +343,7 @@ func TestAbandonedRequestStillCharges(t *testing.T) {
 		_, err := do(ts.Client(), req)
 		abandoned <- err
 	}()
-	eventually(t, func() bool { return psp.Stats().Requests == 1 })
+	wait.For(t, 10*time.Second, "the provider to receive the request", func() bool { return psp.Stats().Requests == 1 })
 	cancel()
 	if err := <-abandoned; !errors.Is(err, context.Canceled) {
 		t.Fatalf("abandoned request: err = %v, want context.Canceled", err)
@@ -354,7 +355,7 @@ func TestAbandonedRequestStillCharges(t *testing.T) {
 	wantStatus(t, charge(t, ts, "key-1", validBody), http.StatusConflict)
 
 	var r reply
-	eventually(t, func() bool {
+	wait.For(t, 10*time.Second, "the abandoned request to finish", func() bool {
 		r = charge(t, ts, "key-1", validBody)
 		return r.status != http.StatusConflict
 	})
@@ -824,18 +825,6 @@ func TestAdminRoutes(t *testing.T) {
 	wantStatus(t, call(t, ts, http.MethodDelete, "/v1/charges", ""), http.StatusMethodNotAllowed)
 	wantStatus(t, call(t, ts, http.MethodGet, "/_down", ""), http.StatusMethodNotAllowed)
 	wantStatus(t, call(t, ts, http.MethodGet, "/v1/refunds", ""), http.StatusNotFound)
-}
-
-// eventually polls cond until it holds, failing the test after a deadline.
-func eventually(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // RateLimit answers 429 with Retry-After: 1 beyond its number of requests
