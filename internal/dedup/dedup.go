@@ -138,8 +138,9 @@ RETURNING event_id`
 	return verdicts, nil
 }
 
-// judge compares a recorded fingerprint with an arriving one. A row recorded
-// before fingerprints existed has none and cannot be judged: a duplicate.
+// compare tells an arriving copy's fingerprint against the recorded one. A
+// row recorded before fingerprints existed has none and cannot tell: a
+// duplicate.
 func compare(recorded []byte, arriving [32]byte) Verdict {
 	if recorded == nil || bytes.Equal(recorded, arriving[:]) {
 		return Seen
