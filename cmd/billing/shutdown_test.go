@@ -42,20 +42,7 @@ func TestServe_StopsWhileTheDatabaseDoesNotAnswer(t *testing.T) {
 	wait.For(t, 30*time.Second, "the event's transaction waiting on the database", func() bool { return db.stalled.Load() > 0 })
 
 	cancel() // what SIGTERM does
-	stopping := time.Now()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve exited with %v after SIGTERM, want exit 0", err)
-		}
-		t.Logf("stopped %s after SIGTERM", time.Since(stopping).Round(time.Millisecond))
-	case <-time.After(drain + 5*time.Second):
-		t.Fatalf("serve did not stop within DRAIN_TIMEOUT + 5s of SIGTERM\n%s", logs.String())
-	}
-	lines := parseLogLines(t, logs.String())
-	if last := lines[len(lines)-1]; last.Msg != "billing stopped" {
-		t.Errorf("last log line %s, want billing stopped", last.raw)
-	}
+	wantStopped(t, done, logs, drain)
 }
 
 // freezingProxy forwards TCP connections to a PostgreSQL server until
@@ -154,5 +141,26 @@ func (p *freezingProxy) pipe(dst, src net.Conn, fromClient bool) {
 		if err != nil {
 			return
 		}
+	}
+}
+
+// wantStopped fails t unless serve, told to stop (SIGTERM, or its context
+// cancelled), exits 0 within DRAIN_TIMEOUT + 5 s with "billing stopped" as
+// its last log line: what the pod's grace period and an operator rely on.
+func wantStopped(t *testing.T, done <-chan error, logs *syncBuffer, drain time.Duration) {
+	t.Helper()
+	stopping := time.Now()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve exited with %v after SIGTERM, want exit 0", err)
+		}
+		t.Logf("stopped %s after SIGTERM", time.Since(stopping).Round(time.Millisecond))
+	case <-time.After(drain + 5*time.Second):
+		t.Fatalf("serve did not stop within DRAIN_TIMEOUT + 5s of SIGTERM\n%s", logs.String())
+	}
+	lines := parseLogLines(t, logs.String())
+	if last := lines[len(lines)-1]; last.Msg != "billing stopped" {
+		t.Errorf("last log line %s, want billing stopped", last.raw)
 	}
 }

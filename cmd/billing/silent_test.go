@@ -71,20 +71,7 @@ func TestServe_BrokerThatDoesNotAnswer(t *testing.T) {
 			waitLogLines(t, logs, done, 30*time.Second, 2, waiting)
 
 			cancel() // what SIGTERM does
-			stopping := time.Now()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("serve exited with %v after SIGTERM, want exit 0", err)
-				}
-				t.Logf("stopped %s after SIGTERM", time.Since(stopping).Round(time.Millisecond))
-			case <-time.After(drain + 5*time.Second):
-				t.Fatalf("serve did not stop within DRAIN_TIMEOUT + 5s of SIGTERM\n%s", logs.String())
-			}
-			lines := parseLogLines(t, logs.String())
-			if last := lines[len(lines)-1]; last.Msg != "billing stopped" {
-				t.Errorf("last log line %s, want billing stopped", last.raw)
-			}
+			wantStopped(t, done, logs, drain)
 		})
 	}
 }
