@@ -1,0 +1,361 @@
+package config
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/lib/pq"
+
+	"example.com/billing/internal/redact"
+)
+
+// This file holds what each setting accepts (Validate), what it derives
+// (normalize) and how it is logged without its secrets (LogValue).
+
+// topicName is what Kafka accepts as a topic name.
+var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// normalize trims the broker addresses: "kafka-0:9092, kafka-1:9092" is a
+// natural way to write the list, and sarama dials each address as given,
+// so " kafka-1" would never resolve.
+func (k *Kafka) normalize() {
+	for i, b := range k.Brokers {
+		k.Brokers[i] = strings.TrimSpace(b)
+	}
+}
+
+// Validate checks the Kafka settings.
+func (k *Kafka) Validate() error {
+	var errs Errors
+	for _, b := range k.Brokers {
+		host, port, err := net.SplitHostPort(b)
+		if err != nil || host == "" {
+			errs.add("KAFKA_BROKERS", "%q is not host:port", b)
+			break
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			errs.add("KAFKA_BROKERS", "%q has no valid port", b)
+			break
+		}
+	}
+	errs = append(errs, checkTopics(k.Topic, k.DLQTopic)...)
+	if !topicName.MatchString(k.OutcomeTopic) {
+		errs.add("KAFKA_OUTCOME_TOPIC", "%q is not a valid topic name", k.OutcomeTopic)
+	} else if k.OutcomeTopic == k.Topic || k.OutcomeTopic == k.DLQTopic {
+		errs.add("KAFKA_OUTCOME_TOPIC", "must differ from KAFKA_TOPIC and KAFKA_DLQ_TOPIC")
+	}
+	if strings.TrimSpace(k.GroupID) == "" {
+		errs.add("KAFKA_GROUP_ID", "must not be empty")
+	}
+	if strings.TrimSpace(k.ClientID) == "" {
+		errs.add("KAFKA_CLIENT_ID", "must not be empty")
+	}
+	if _, err := sarama.ParseKafkaVersion(k.Version); err != nil {
+		errs.add("KAFKA_VERSION", "%q is not a Kafka version", k.Version)
+	}
+	files := []struct{ name, path string }{
+		{"KAFKA_TLS_CA_FILE", k.TLSCAFile}, {"KAFKA_TLS_CERT_FILE", k.TLSCertFile}, {"KAFKA_TLS_KEY_FILE", k.TLSKeyFile},
+	}
+	for _, f := range files {
+		switch {
+		case f.path == "":
+		case !k.TLSEnabled:
+			errs.add(f.name, "is set but KAFKA_TLS_ENABLED is false")
+		default:
+			if _, err := os.Stat(f.path); err != nil {
+				errs.add(f.name, "%w", err)
+			}
+		}
+	}
+	if (k.TLSCertFile == "") != (k.TLSKeyFile == "") {
+		errs.add("KAFKA_TLS_CERT_FILE", "KAFKA_TLS_CERT_FILE and KAFKA_TLS_KEY_FILE go together")
+	}
+	switch k.SASLMechanism {
+	case "":
+		if k.SASLUsername != "" || k.SASLPassword != "" {
+			errs.add("KAFKA_SASL_MECHANISM", "is required when KAFKA_SASL_USERNAME or KAFKA_SASL_PASSWORD is set")
+		}
+	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+		if k.SASLUsername == "" {
+			errs.add("KAFKA_SASL_USERNAME", "is required with KAFKA_SASL_MECHANISM=%s", k.SASLMechanism)
+		}
+		if k.SASLPassword == "" {
+			errs.add("KAFKA_SASL_PASSWORD", "is required with KAFKA_SASL_MECHANISM=%s", k.SASLMechanism)
+		}
+	default:
+		errs.add("KAFKA_SASL_MECHANISM", "%q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512", k.SASLMechanism)
+	}
+	return errs.err()
+}
+
+// checkTopics checks the names of the order topic and its dead-letter topic.
+func checkTopics(topic, dlq string) Errors {
+	var errs Errors
+	if !topicName.MatchString(topic) {
+		errs.add("KAFKA_TOPIC", "%q is not a valid topic name", topic)
+	}
+	if !topicName.MatchString(dlq) {
+		errs.add("KAFKA_DLQ_TOPIC", "%q is not a valid topic name", dlq)
+	} else if dlq == topic {
+		errs.add("KAFKA_DLQ_TOPIC", "must differ from KAFKA_TOPIC")
+	}
+	return errs
+}
+
+// Validate checks the topic names.
+func (t *Topics) Validate() error { return checkTopics(t.Topic, t.DLQTopic).err() }
+
+// LogValue masks the SASL password.
+func (k Kafka) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Any("brokers", k.Brokers),
+		slog.String("topic", k.Topic),
+		slog.String("group_id", k.GroupID),
+		slog.String("dlq_topic", k.DLQTopic),
+		slog.String("outcome_topic", k.OutcomeTopic),
+		slog.String("client_id", k.ClientID),
+		slog.String("instance_id", k.InstanceID),
+		slog.String("version", k.Version),
+		slog.Bool("tls", k.TLSEnabled),
+		slog.String("sasl_mechanism", k.SASLMechanism),
+		slog.String("sasl_username", k.SASLUsername),
+		slog.String("sasl_password", mask(k.SASLPassword)),
+	)
+}
+
+// Validate checks the database URL.
+func (d *Database) Validate() error {
+	var errs Errors
+	if _, err := pq.NewConfig(d.URL); err != nil {
+		// The parser's message can quote the URL; keep the password out.
+		errs.add("DATABASE_URL", "cannot be parsed: %s", redact.DSN(err.Error()))
+	}
+	return errs.err()
+}
+
+// LogValue masks the password in the URL.
+func (d Database) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("url", redact.DSN(d.URL)))
+}
+
+// Validate checks the database URL and the pool size.
+func (p *Pool) Validate() error {
+	var errs Errors
+	if p.MaxConns < 1 || p.MaxConns > 1000 {
+		errs.add("DATABASE_MAX_CONNS", "%d is outside 1..1000", p.MaxConns)
+	}
+	return errors.Join(p.Database.Validate(), errs.err())
+}
+
+// LogValue masks the password in the URL.
+func (p Pool) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("url", redact.DSN(p.URL)), slog.Int("max_conns", p.MaxConns))
+}
+
+// Validate checks the payment provider settings.
+func (p *Payment) Validate() error {
+	return errors.Join(checkBaseURL(p.BaseURL).err(), p.PaymentLimits.Validate())
+}
+
+// Validate checks maintain's provider settings: the address only when set.
+func (p *OptionalPayment) Validate() error {
+	var errs Errors
+	if p.BaseURL != "" {
+		errs = checkBaseURL(p.BaseURL)
+	}
+	return errors.Join(errs.err(), p.PaymentLimits.Validate())
+}
+
+func checkBaseURL(base string) Errors {
+	var errs Errors
+	u, err := url.Parse(base)
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		// An operator who put credentials in the URL must not find them
+		// in the log.
+		errs.add("PAYMENT_BASE_URL", "%q is not an http(s) URL", redact.DSN(base))
+	case u.User != nil:
+		errs.add("PAYMENT_BASE_URL", "must not carry credentials; use PAYMENT_API_KEY")
+	}
+	return errs
+}
+
+// normalize derives PAYMENT_RECOVER_AFTER's default from the timeout.
+func (p *PaymentLimits) normalize() {
+	if p.RecoverAfter == 0 {
+		p.RecoverAfter = max(time.Minute, 2*p.Timeout)
+	}
+}
+
+// Validate checks the provider's limits.
+func (p *PaymentLimits) Validate() error {
+	var errs Errors
+	if p.Timeout <= 0 || p.Timeout > 5*time.Minute {
+		errs.add("PAYMENT_TIMEOUT", "%s is outside (0, 5m]", p.Timeout)
+	}
+	if p.MaxConcurrency < 1 || p.MaxConcurrency > 100000 {
+		errs.add("PAYMENT_MAX_CONCURRENCY", "%d is outside 1..100000", p.MaxConcurrency)
+	}
+	if p.MaxRPS < 0 || p.MaxRPS > 1e6 {
+		errs.add("PAYMENT_MAX_RPS", "%v is outside 0..1000000 (0 is unlimited)", p.MaxRPS)
+	}
+	if p.IdempotencyWindow < time.Hour {
+		errs.add("PAYMENT_IDEMPOTENCY_WINDOW", "%s is shorter than 1h; set it to how long the provider keeps an idempotency key (Stripe: 24h)", p.IdempotencyWindow)
+	}
+	if p.RecoverAfter <= p.Timeout || p.RecoverAfter >= p.IdempotencyWindow {
+		errs.add("PAYMENT_RECOVER_AFTER", "%s must be longer than PAYMENT_TIMEOUT (%s) and shorter than PAYMENT_IDEMPOTENCY_WINDOW (%s)", p.RecoverAfter, p.Timeout, p.IdempotencyWindow)
+	}
+	return errs.err()
+}
+
+// LogValue masks the API key.
+func (p Payment) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("base_url", p.BaseURL),
+		slog.String("api_key", mask(p.APIKey)),
+		slog.Duration("timeout", p.Timeout),
+		slog.Int("max_concurrency", p.MaxConcurrency),
+		slog.Float64("max_rps", p.MaxRPS),
+		slog.Duration("idempotency_window", p.IdempotencyWindow),
+		slog.Duration("recover_after", p.RecoverAfter),
+	)
+}
+
+// Validate checks the consumer settings.
+func (c *Consumer) Validate() error {
+	var errs Errors
+	if c.MaxInFlight < 0 || c.MaxInFlight > 100000 {
+		errs.add("MAX_IN_FLIGHT", "%d is outside 0..100000", c.MaxInFlight)
+	}
+	if c.Lanes < 1 || c.Lanes > 1024 {
+		errs.add("CONSUMER_LANES", "%d is outside 1..1024", c.Lanes)
+	}
+	if c.BatchMax < 1 || c.BatchMax > 1000 {
+		errs.add("CONSUMER_BATCH_MAX", "%d is outside 1..1000", c.BatchMax)
+	}
+	if c.DrainTimeout <= 0 {
+		errs.add("DRAIN_TIMEOUT", "must be positive")
+	}
+	return errs.err()
+}
+
+// LogValue lists the consumer settings.
+func (c Consumer) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Int("max_in_flight", c.MaxInFlight),
+		slog.Int("lanes", c.Lanes),
+		slog.Int("batch_max", c.BatchMax),
+		slog.Duration("drain_timeout", c.DrainTimeout),
+		slog.Bool("commit_every_message", c.CommitEveryMessage),
+	)
+}
+
+// Validate checks the partition settings.
+func (d *DedupPartitions) Validate() error {
+	var errs Errors
+	if d.Retention < 24*time.Hour {
+		errs.add("DEDUP_RETENTION", "%s is shorter than 24h (partitions are daily)", d.Retention)
+	}
+	if d.PartitionsAhead < 1 || d.PartitionsAhead > 60 {
+		errs.add("DEDUP_PARTITIONS_AHEAD", "%d is outside 1..60", d.PartitionsAhead)
+	}
+	return errs.err()
+}
+
+// Validate checks the dedup store's settings.
+func (d *Dedup) Validate() error {
+	var errs Errors
+	if d.MaintenanceInterval < time.Minute || d.MaintenanceInterval > 24*time.Hour {
+		errs.add("DEDUP_MAINTENANCE_INTERVAL", "%s is outside [1m, 24h]", d.MaintenanceInterval)
+	}
+	if d.MaxFutureSkew < time.Second || d.MaxFutureSkew > 24*time.Hour {
+		errs.add("DEDUP_MAX_FUTURE_SKEW", "%s is outside [1s, 24h]", d.MaxFutureSkew)
+	}
+	return errors.Join(d.DedupPartitions.Validate(), errs.err())
+}
+
+// LogValue lists the dedup store's settings.
+func (d Dedup) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Duration("retention", d.Retention),
+		slog.Bool("allow_short_retention", d.AllowShortRetention),
+		slog.Int("partitions_ahead", d.PartitionsAhead),
+		slog.Duration("maintenance_interval", d.MaintenanceInterval),
+		slog.Duration("max_future_skew", d.MaxFutureSkew),
+	)
+}
+
+// Log formats.
+const (
+	LogJSON = "json"
+	LogText = "text"
+)
+
+// Validate checks the log format; the env library has checked the level.
+func (l *Log) Validate() error {
+	var errs Errors
+	if l.Format != LogJSON && l.Format != LogText {
+		errs.add("LOG_FORMAT", "%q is not json or text", l.Format)
+	}
+	return errs.err()
+}
+
+// normalize derives MAX_IN_FLIGHT's default from the provider's
+// concurrency: every provider slot busy and as many messages queued behind
+// them, so that lanes find full batches waiting, which is what makes a
+// transaction carry many events.
+func (s *Serve) normalize() {
+	if s.Consumer.MaxInFlight == 0 {
+		s.Consumer.MaxInFlight = 2 * s.Payment.MaxConcurrency
+	}
+}
+
+// Validate checks every setting of serve.
+func (s *Serve) Validate() error {
+	var errs Errors
+	if _, _, err := net.SplitHostPort(s.HTTPAddr); err != nil {
+		errs.add("HTTP_ADDR", "%q is not [host]:port", s.HTTPAddr)
+	}
+	return errors.Join(s.Kafka.Validate(), s.Database.Validate(), s.Payment.Validate(), s.Consumer.Validate(),
+		s.Dedup.Validate(), s.Outbox.Validate(), s.Log.Validate(), errs.err())
+}
+
+// LogValue lists the settings with secrets masked.
+func (s Serve) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Any("kafka", s.Kafka),
+		slog.Any("database", s.Database),
+		slog.Any("payment", s.Payment),
+		slog.Any("consumer", s.Consumer),
+		slog.String("http_addr", s.HTTPAddr),
+		slog.Any("dedup", s.Dedup),
+		slog.Duration("outbox_retention", s.Outbox.Retention),
+		slog.String("log_level", s.Log.Level.String()),
+		slog.String("log_format", s.Log.Format),
+	)
+}
+
+// Validate checks every setting of migrate.
+func (m *Migrate) Validate() error {
+	return errors.Join(m.Database.Validate(), m.Log.Validate())
+}
+
+// Validate checks every setting of maintain.
+func (m *Maintain) Validate() error {
+	return errors.Join(m.Database.Validate(), m.Dedup.Validate(), m.Outbox.Validate(), m.Payment.Validate(), m.Log.Validate())
+}
+
+func mask(secret string) string {
+	if secret == "" {
+		return ""
+	}
+	return "xxxxx"
+}
