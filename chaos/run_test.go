@@ -19,6 +19,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/postgres"
 )
 
@@ -547,7 +548,14 @@ func (r *run) checkReadyz(want int, within time.Duration) {
 	}
 }
 
-// --- offsets, read without failing the test from a helper ---
+// --- offsets and topics, read without failing the test from a helper ---
+
+// readTopic reads every message of topic that exists now.
+func (r *run) readTopic(topic string) ([]*sarama.ConsumerMessage, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return kafka.ReadTopic(ctx, r.client, topic)
+}
 
 func endOffsets(client sarama.Client, topic string) (map[int32]int64, error) {
 	if err := client.RefreshMetadata(topic); err != nil {
@@ -592,42 +600,6 @@ func committedOffsets(client sarama.Client, group, topic string) (map[int32]int6
 		if b := resp.GetBlock(topic, p); b != nil && b.Err == sarama.ErrNoError {
 			out[p] = b.Offset
 		}
-	}
-	return out, nil
-}
-
-// readTopic reads every message of topic that exists now.
-func readTopic(client sarama.Client, topic string) ([]*sarama.ConsumerMessage, error) {
-	end, err := endOffsets(client, topic)
-	if err != nil {
-		return nil, err
-	}
-	consumer, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		return nil, err
-	}
-	defer consumer.Close()
-	var out []*sarama.ConsumerMessage
-	for p, e := range end {
-		if e == 0 {
-			continue
-		}
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			return nil, err
-		}
-		timeout := time.After(60 * time.Second)
-		for done := false; !done; {
-			select {
-			case m := <-pc.Messages():
-				out = append(out, m)
-				done = m.Offset+1 >= e
-			case <-timeout:
-				pc.Close()
-				return nil, fmt.Errorf("read %s/%d: timed out", topic, p)
-			}
-		}
-		pc.Close()
 	}
 	return out, nil
 }

@@ -247,7 +247,7 @@ func (r *run) verify() result {
 		statusOf[row.EventID.String()] = row.Status
 	}
 	res.settled = len(rows)
-	outcomes, err := readTopic(r.client, r.outcomeTopic)
+	outcomes, err := r.readTopic(r.outcomeTopic)
 	if err != nil {
 		t.Fatalf("read the outcome topic: %v", err)
 	}
@@ -299,7 +299,7 @@ func (r *run) verify() result {
 			invalidAt[position{m.partition, m.offset}] = m
 		}
 	}
-	dlq, err := readTopic(r.client, r.dlqTopic)
+	dlq, err := r.readTopic(r.dlqTopic)
 	if err != nil {
 		t.Fatalf("read the DLQ: %v", err)
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/IBM/sarama"
-
 	"example.com/billing/internal/charge"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/order"
@@ -52,7 +50,9 @@ func (d *demo) waitPublished(ctx context.Context) error {
 // with the charge's amount.
 func (d *demo) countOutcomes(ctx context.Context) (outcomeCounts, error) {
 	var c outcomeCounts
-	msgs, err := readTopic(ctx, d.client, d.kafkaCfg.OutcomeTopic)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	msgs, err := kafka.ReadTopic(ctx, d.client, d.kafkaCfg.OutcomeTopic)
 	if err != nil {
 		return c, err
 	}
@@ -96,42 +96,4 @@ func (d *demo) countOutcomes(ctx context.Context) (outcomeCounts, error) {
 // currency, written with exactly the currency's digits.
 func sameAmount(text string, minor int64, currency string) bool {
 	return order.Money{Minor: minor, Currency: currency}.Decimal() == text
-}
-
-// readTopic reads every message of topic that exists now.
-func readTopic(ctx context.Context, client sarama.Client, topic string) ([]*sarama.ConsumerMessage, error) {
-	end, err := kafka.EndOffsets(client, topic)
-	if err != nil {
-		return nil, fmt.Errorf("demo: end offsets of %s: %w", topic, err)
-	}
-	consumer, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		return nil, err
-	}
-	defer consumer.Close()
-	var out []*sarama.ConsumerMessage
-	for p, e := range end {
-		if e == 0 {
-			continue
-		}
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			return nil, fmt.Errorf("demo: read %s/%d: %w", topic, p, err)
-		}
-		for done := false; !done; {
-			select {
-			case m := <-pc.Messages():
-				out = append(out, m)
-				done = m.Offset+1 >= e
-			case <-ctx.Done():
-				pc.Close()
-				return nil, ctx.Err()
-			case <-time.After(30 * time.Second):
-				pc.Close()
-				return nil, fmt.Errorf("demo: read %s/%d: timed out", topic, p)
-			}
-		}
-		pc.Close()
-	}
-	return out, nil
 }

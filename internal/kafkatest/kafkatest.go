@@ -132,42 +132,17 @@ func WaitCaughtUp(t testing.TB, client sarama.Client, group, topic string, timeo
 	}
 }
 
-// ReadAll reads every message of topic that exists now, from all partitions.
+// ReadAll reads every message of topic that exists now, from all partitions,
+// and fails the test when it cannot within 30 seconds.
 func ReadAll(t testing.TB, client sarama.Client, topic string) []*sarama.ConsumerMessage {
 	t.Helper()
-	end := EndOffsets(t, client, topic)
-	consumer, err := sarama.NewConsumerFromClient(client)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msgs, err := kafka.ReadTopic(ctx, client, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer consumer.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out []*sarama.ConsumerMessage
-	for p, e := range end {
-		if e == 0 {
-			continue
-		}
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			select {
-			case m := <-pc.Messages():
-				out = append(out, m)
-				if m.Offset+1 < e {
-					continue
-				}
-			case <-ctx.Done():
-				pc.Close()
-				t.Fatalf("read %s/%d: timed out", topic, p)
-			}
-			break
-		}
-		pc.Close()
-	}
-	return out
+	return msgs
 }
 
 // Header returns the value of header key of m, or "".
