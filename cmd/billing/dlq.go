@@ -117,12 +117,20 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 		Max:      *maxN,
 		DryRun:   *dryRun,
 		OnMessage: func(r kafka.Replayed) {
+			if r.Gone != "" {
+				fmt.Fprintf(stdout, "cannot replay %s/%d@%d key=%q reason=%q: %s; passed over\n",
+					cfg.Kafka.DLQTopic, r.DLQPartition, r.DLQOffset, r.Key, r.Reason, r.Gone)
+				return
+			}
 			fmt.Fprintf(stdout, "%s %s/%d@%d key=%q -> %s/%d reason=%q\n",
 				verb, cfg.Kafka.DLQTopic, r.DLQPartition, r.DLQOffset, r.Key, r.Topic, r.Partition, r.Reason)
 		},
 	}, log)
 	summary := fmt.Sprintf("%s %d, passed over %d with another reason, from %s (group %s)",
 		verb, rep.Replayed, rep.Skipped, cfg.Kafka.DLQTopic, *group)
+	if rep.Gone > 0 {
+		summary += fmt.Sprintf("; %d parked as references (oversize) could not be replayed: their originals are gone from %s", rep.Gone, cfg.Kafka.Topic)
+	}
 	switch {
 	case err != nil && errors.Is(err, context.Canceled):
 		fmt.Fprintln(stdout, summary)
@@ -138,6 +146,6 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 		summary = "dry run: " + summary + "; nothing was published or committed"
 	}
 	fmt.Fprintln(stdout, summary)
-	log.Info("dlq replay finished", "replayed", rep.Replayed, "skipped", rep.Skipped, "max_reached", rep.MaxReached, "dry_run", rep.DryRun)
+	log.Info("dlq replay finished", "replayed", rep.Replayed, "skipped", rep.Skipped, "gone", rep.Gone, "max_reached", rep.MaxReached, "dry_run", rep.DryRun)
 	return nil
 }

@@ -176,7 +176,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 		return ignoreStop(ctx, err)
 	}
 	defer client.Close()
-	outcomeMaxBytes, err := awaitKafka(ctx, log, brokers, "the topics' settings", func() (int, error) {
+	sizes, err := awaitKafka(ctx, log, brokers, "the topics' settings", func() (topicSizes, error) {
 		return checkTopics(client, cfg, m, log)
 	}, nil)
 	if err != nil {
@@ -198,7 +198,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	if err != nil {
 		return ignoreStop(ctx, fmt.Errorf("dead-letter producer: %w", err))
 	}
-	dlq := kafka.NewDLQ(producer, cfg.Kafka.DLQTopic, cfg.Kafka.GroupID)
+	dlq := kafka.NewDLQ(producer, cfg.Kafka.DLQTopic, cfg.Kafka.GroupID, sizes.dlq)
 	defer dlq.Close()
 
 	// --- The pipeline: payment client, processor, consumer.
@@ -234,7 +234,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	}
 	defer relayProducer.Close()
 	relay := outbox.NewRelay(db, relayProducer, cfg.Kafka.OutcomeTopic, m, log)
-	relay.MaxBytes = outcomeMaxBytes
+	relay.MaxBytes = sizes.outcome
 	maintenance.Go(func() { relay.Run(ctx) })
 	c, err := kafka.NewConsumer(client, proc, dlq, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
@@ -300,25 +300,25 @@ func startHTTP(addr string, handler http.Handler, log *slog.Logger, fail context
 // duplicate (billing parks it as stale-event rather than charging it, but a
 // replay would then fill the DLQ). serve refuses to start unless the operator
 // accepts that with DEDUP_ALLOW_SHORT_RETENTION.
-func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log *slog.Logger) (outcomeMaxBytes int, err error) {
+func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log *slog.Logger) (sizes topicSizes, err error) {
 	// The admin shares the client; closing it would close the client.
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
-		return 0, fmt.Errorf("kafka admin: %w", err)
+		return sizes, fmt.Errorf("kafka admin: %w", err)
 	}
 	// The outcome topic bounds the relay's values: a row larger than it
 	// takes is dead rather than retried for ever.
-	outcomeMaxBytes = 1 << 20
+	sizes.outcome, sizes.dlq = 1<<20, kafka.DefaultDLQMaxRecordBytes
 	if out, err := kafka.DescribeTopic(admin, cfg.Kafka.OutcomeTopic); err != nil {
 		log.Error("cannot read the outcome topic; payment outcome events wait in the outbox until it exists",
 			"topic", cfg.Kafka.OutcomeTopic, "err", err)
 	} else {
-		outcomeMaxBytes = out.MaxMessageBytes - 512 // the record's key, headers and framing
+		sizes.outcome = out.MaxMessageBytes - 512 // the record's key, headers and framing
 	}
 	src, err := kafka.DescribeTopic(admin, cfg.Kafka.Topic)
 	if err != nil {
 		log.Warn("cannot read the topic's retention; the dedup horizon is unchecked", "topic", cfg.Kafka.Topic, "err", err)
-		return outcomeMaxBytes, nil
+		return sizes, nil
 	}
 	shortfall, forever := src.Shortfall(cfg.Dedup.Retention)
 	switch {
@@ -331,18 +331,29 @@ func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log
 		msg := fmt.Sprintf("DEDUP_RETENTION %s is shorter than topic %s's retention.ms (%s): a redelivered message older than %s cannot be deduplicated and would be parked as stale-event",
 			cfg.Dedup.Retention, cfg.Kafka.Topic, retentionText(src), cfg.Dedup.Retention)
 		if !cfg.Dedup.AllowShortRetention {
-			return 0, fmt.Errorf("config: DEDUP_RETENTION: %s; raise it, or set DEDUP_ALLOW_SHORT_RETENTION=true to accept this", msg)
+			return sizes, fmt.Errorf("config: DEDUP_RETENTION: %s; raise it, or set DEDUP_ALLOW_SHORT_RETENTION=true to accept this", msg)
 		}
 		log.Error(msg + "; starting anyway because DEDUP_ALLOW_SHORT_RETENTION=true")
 	}
 	if dlq, err := kafka.DescribeTopic(admin, cfg.Kafka.DLQTopic); err != nil {
-		log.Warn("cannot read the dead-letter topic's settings", "topic", cfg.Kafka.DLQTopic, "err", err)
-	} else if dlq.MaxMessageBytes < src.MaxMessageBytes {
-		log.Warn("the dead-letter topic accepts smaller messages than the source topic; a large invalid message could not be parked and would hold its partition",
-			"dlq_max_message_bytes", dlq.MaxMessageBytes, "topic_max_message_bytes", src.MaxMessageBytes)
+		log.Warn("cannot read the dead-letter topic's max.message.bytes; assuming Kafka's default", "topic", cfg.Kafka.DLQTopic,
+			"max_message_bytes", sizes.dlq, "err", err)
+	} else {
+		// A message too large for it even compressed is parked as a
+		// reference (reason oversize), so this bounds nothing; it only
+		// decides which messages a replay must fetch from the topic.
+		sizes.dlq = dlq.MaxMessageBytes
+		if dlq.MaxMessageBytes < src.MaxMessageBytes {
+			log.Warn("the dead-letter topic accepts smaller messages than the source topic; the largest invalid messages will be parked as references (reason oversize)",
+				"dlq_max_message_bytes", dlq.MaxMessageBytes, "topic_max_message_bytes", src.MaxMessageBytes)
+		}
 	}
-	return outcomeMaxBytes, nil
+	return sizes, nil
 }
+
+// topicSizes are the largest records the outcome topic and the dead-letter
+// topic accept (max.message.bytes), as the broker says at start.
+type topicSizes struct{ outcome, dlq int }
 
 // every runs job every interval until ctx is done. A failed run is logged
 // and tried again at the next tick: maintenance that is late only delays

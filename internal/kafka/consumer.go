@@ -336,10 +336,14 @@ func (p *partition) handle(batch []*message) {
 				again = append(again, m)
 				continue
 			case billing.Parked:
-				if perr := p.c.dlq.Park(m.msg, r.Reason()); perr != nil {
+				code, perr := p.c.dlq.Park(m.msg, r.Reason())
+				if perr != nil {
 					err, failed = errors.Join(err, perr), "dlq"
 					again = append(again, m)
 					continue
+				}
+				if code != r.Code { // parked as a reference: say so, and why it was parked
+					r.Code, r.Detail = code, r.Reason()
 				}
 			}
 			p.finish(m, r)

@@ -138,7 +138,7 @@ func startMember(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, opts k
 	}
 	opts.Topic, opts.Group = b.Topic, b.Group
 	m := metrics.New(prometheus.NewRegistry())
-	c, err := kafka.NewConsumer(client, proc, kafka.NewDLQ(producer, b.DLQTopic, b.Group), opts, m,
+	c, err := kafka.NewConsumer(client, proc, kafka.NewDLQ(producer, b.DLQTopic, b.Group, 0), opts, m,
 		noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -1,12 +1,16 @@
 package kafka
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/IBM/sarama"
+	"github.com/klauspost/compress/zstd"
 )
 
 // Dead-letter headers: why a message was parked and where it came from.
@@ -18,48 +22,115 @@ const (
 	HeaderConsumerGroup     = "x-consumer-group"
 )
 
+// Headers of a record parked as a reference (reason code oversize): the
+// original's size in bytes and the hex SHA-256 of its value, so that a
+// replay can fetch it back from the source topic and check it.
+const (
+	HeaderOriginalSize   = "x-original-size"
+	HeaderOriginalSHA256 = "x-original-sha256"
+)
+
+// CodeOversize is the reason code of a message parked as a reference: it
+// was too large for the dead-letter topic even compressed. Its
+// x-dlq-reason keeps the reason it was parked for after the code.
+const CodeOversize = "oversize"
+
 // maxReason bounds x-dlq-reason: it is for a human, and must not make a
 // parked message larger than the topic accepts.
 const maxReason = 1024
 
+// referencePrefix is how much of an oversized value a reference keeps: for
+// a human to recognise it; the whole value stays in the source topic.
+const referencePrefix = 1024
+
+// recordOverhead is what a parked record adds to its key and value in the
+// broker's accounting: the batch and record framing and the headers billing
+// adds (a reason of up to maxReason bytes among them), rounded up.
+const recordOverhead = 4096
+
+// DefaultDLQMaxRecordBytes is Kafka's default max.message.bytes, assumed
+// when the dead-letter topic's own could not be read.
+const DefaultDLQMaxRecordBytes = 1048588
+
 // DLQ parks messages that cannot be processed as they are in the
 // dead-letter topic, unchanged, with headers that say why.
+//
+// It parks every message the source topic accepted: a record that fits the
+// dead-letter topic's max.message.bytes once compressed is parked whole; a
+// larger one (a value that compressed well on the way in, then was
+// rejected, can be many times the topic's limit) is parked as a reference,
+// with the original's position, size and SHA-256 and its first bytes, which
+// `billing dlq replay` resolves from the source topic. Retrying a message
+// that cannot fit would hold its partition for ever.
 type DLQ struct {
-	producer  sarama.SyncProducer
-	topic     string
-	group     string
-	closeOnce sync.Once
-	closeErr  error
+	producer sarama.SyncProducer
+	topic    string
+	group    string
+	// maxRecord is the dead-letter topic's max.message.bytes: the largest
+	// compressed batch the broker takes. maxWhole is the producer's
+	// Producer.MaxMessageBytes, which sarama checks against the
+	// uncompressed size.
+	maxRecord, maxWhole int
+	zstd                *zstd.Encoder // estimates the compressed size, as sarama compresses
+	closeOnce           sync.Once
+	closeErr            error
 }
 
 // NewDLQ returns a DLQ that writes to topic through producer, which must be
-// idempotent and wait for all in-sync replicas (DLQProducerConfig).
-func NewDLQ(producer sarama.SyncProducer, topic, group string) *DLQ {
-	return &DLQ{producer: producer, topic: topic, group: group}
+// idempotent, wait for all in-sync replicas and compress with zstd
+// (DLQProducerConfig). maxRecordBytes is the topic's max.message.bytes
+// (DescribeTopic); 0 assumes DefaultDLQMaxRecordBytes.
+func NewDLQ(producer sarama.SyncProducer, topic, group string, maxRecordBytes int) *DLQ {
+	if maxRecordBytes <= 0 {
+		maxRecordBytes = DefaultDLQMaxRecordBytes
+	}
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		panic(err) // only for invalid options, which these are not
+	}
+	return &DLQ{producer: producer, topic: topic, group: group,
+		maxRecord: maxRecordBytes, maxWhole: dlqMaxMessageBytes, zstd: enc}
 }
 
 // Park writes m to the dead-letter topic and returns once the broker
-// acknowledged it. Key, value and the original headers (trace context among
-// them) are kept; dead-letter headers of an earlier parking are replaced.
-func (d *DLQ) Park(m *sarama.ConsumerMessage, reason string) error {
-	if len(reason) > maxReason {
-		reason = strings.ToValidUTF8(reason[:maxReason], "")
-	}
-	headers := make([]sarama.RecordHeader, 0, len(m.Headers)+5)
-	for _, h := range m.Headers {
-		if h == nil || isDLQHeader(string(h.Key)) {
-			continue
+// acknowledged it, with the reason code it was parked under: reason's, or
+// CodeOversize when only a reference fits. Key, value and the original
+// headers (trace context among them) are kept; dead-letter headers of an
+// earlier parking are replaced.
+func (d *DLQ) Park(m *sarama.ConsumerMessage, reason string) (string, error) {
+	if d.fits(m) {
+		_, _, err := d.producer.SendMessage(d.whole(m, reason))
+		if err == nil {
+			return ReasonCode(reason), nil
 		}
-		headers = append(headers, *h)
+		if !tooLarge(err) {
+			return "", fmt.Errorf("park %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, err)
+		}
+		// The estimate was short: the broker's answer is what counts.
 	}
-	headers = append(headers,
-		sarama.RecordHeader{Key: []byte(HeaderReason), Value: []byte(reason)},
-		sarama.RecordHeader{Key: []byte(HeaderOriginalTopic), Value: []byte(m.Topic)},
-		sarama.RecordHeader{Key: []byte(HeaderOriginalPartition), Value: []byte(strconv.FormatInt(int64(m.Partition), 10))},
-		sarama.RecordHeader{Key: []byte(HeaderOriginalOffset), Value: []byte(strconv.FormatInt(m.Offset, 10))},
-		sarama.RecordHeader{Key: []byte(HeaderConsumerGroup), Value: []byte(d.group)},
-	)
-	msg := &sarama.ProducerMessage{Topic: d.topic, Headers: headers, Timestamp: m.Timestamp}
+	if _, _, err := d.producer.SendMessage(d.reference(m, reason)); err != nil {
+		return "", fmt.Errorf("park a reference to %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, err)
+	}
+	return CodeOversize, nil
+}
+
+// fits reports whether m, compressed, fits the dead-letter topic whole.
+// Only a message near or above the limit is compressed to find out.
+func (d *DLQ) fits(m *sarama.ConsumerMessage) bool {
+	raw := len(m.Key) + len(m.Value) + headersSize(m.Headers)
+	switch {
+	case raw+recordOverhead <= d.maxRecord:
+		return true
+	case raw+recordOverhead > d.maxWhole:
+		return false
+	}
+	compressed := len(d.zstd.EncodeAll(m.Value, nil))
+	return len(m.Key)+compressed+headersSize(m.Headers)+recordOverhead <= d.maxRecord
+}
+
+// whole is m as it is, with the dead-letter headers.
+func (d *DLQ) whole(m *sarama.ConsumerMessage, reason string) *sarama.ProducerMessage {
+	msg := &sarama.ProducerMessage{Topic: d.topic, Headers: d.headers(m, m.Headers, reason), Timestamp: m.Timestamp}
 	// nil stays nil: a tombstone is parked as a tombstone.
 	if m.Key != nil {
 		msg.Key = sarama.ByteEncoder(m.Key)
@@ -67,13 +138,73 @@ func (d *DLQ) Park(m *sarama.ConsumerMessage, reason string) error {
 	if m.Value != nil {
 		msg.Value = sarama.ByteEncoder(m.Value)
 	}
-	if _, _, err := d.producer.SendMessage(msg); err != nil {
-		return fmt.Errorf("park %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, err)
-	}
-	return nil
+	return msg
 }
 
-// Close closes the producer.
+// reference is a record that stands for m: the dead-letter headers with
+// reason code oversize, the original's size and SHA-256, and the first
+// referencePrefix bytes of its value. Key and original headers are kept
+// when they are small, as they are in every message billing can decode.
+func (d *DLQ) reference(m *sarama.ConsumerMessage, reason string) *sarama.ProducerMessage {
+	sum := sha256.Sum256(m.Value)
+	detail := fmt.Sprintf("%s: the message (%d bytes) exceeds the dead-letter topic's max.message.bytes (%d) even compressed: parked as a reference; `billing dlq replay` republishes the original from %s/%d@%d while that topic retains it. Parked for: %s",
+		CodeOversize, len(m.Key)+len(m.Value)+headersSize(m.Headers), d.maxRecord, m.Topic, m.Partition, m.Offset, reason)
+	var original []*sarama.RecordHeader
+	if headersSize(m.Headers) <= referencePrefix {
+		original = m.Headers
+	}
+	headers := append(d.headers(m, original, detail),
+		sarama.RecordHeader{Key: []byte(HeaderOriginalSize), Value: []byte(strconv.Itoa(len(m.Value)))},
+		sarama.RecordHeader{Key: []byte(HeaderOriginalSHA256), Value: []byte(hex.EncodeToString(sum[:]))},
+	)
+	msg := &sarama.ProducerMessage{Topic: d.topic, Headers: headers, Timestamp: m.Timestamp,
+		Value: sarama.ByteEncoder(m.Value[:min(len(m.Value), referencePrefix)])}
+	if m.Key != nil && len(m.Key) <= referencePrefix {
+		msg.Key = sarama.ByteEncoder(m.Key)
+	}
+	return msg
+}
+
+// headers are the original headers without dead-letter ones of an earlier
+// parking, then the contract's dead-letter headers.
+func (d *DLQ) headers(m *sarama.ConsumerMessage, original []*sarama.RecordHeader, reason string) []sarama.RecordHeader {
+	if len(reason) > maxReason {
+		reason = strings.ToValidUTF8(reason[:maxReason], "")
+	}
+	headers := make([]sarama.RecordHeader, 0, len(original)+7)
+	for _, h := range original {
+		if h == nil || isDLQHeader(string(h.Key)) {
+			continue
+		}
+		headers = append(headers, *h)
+	}
+	return append(headers,
+		sarama.RecordHeader{Key: []byte(HeaderReason), Value: []byte(reason)},
+		sarama.RecordHeader{Key: []byte(HeaderOriginalTopic), Value: []byte(m.Topic)},
+		sarama.RecordHeader{Key: []byte(HeaderOriginalPartition), Value: []byte(strconv.FormatInt(int64(m.Partition), 10))},
+		sarama.RecordHeader{Key: []byte(HeaderOriginalOffset), Value: []byte(strconv.FormatInt(m.Offset, 10))},
+		sarama.RecordHeader{Key: []byte(HeaderConsumerGroup), Value: []byte(d.group)},
+	)
+}
+
+func headersSize(hs []*sarama.RecordHeader) int {
+	n := 0
+	for _, h := range hs {
+		if h != nil {
+			n += len(h.Key) + len(h.Value)
+		}
+	}
+	return n
+}
+
+// tooLarge reports whether err says the record is too large: sarama's own
+// check of the uncompressed size, or the broker's of the compressed batch.
+func tooLarge(err error) bool {
+	var ce sarama.ConfigurationError
+	return errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.Is(err, sarama.ErrInvalidRecord) ||
+		(errors.As(err, &ce) && strings.Contains(string(ce), "MaxMessageBytes"))
+}
+
 // Close closes the producer, which fails a Park in progress; it may be
 // called more than once.
 func (d *DLQ) Close() error {

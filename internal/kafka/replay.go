@@ -2,6 +2,8 @@ package kafka
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -89,6 +91,10 @@ type Replayed struct {
 	Reason       string // the x-dlq-reason header
 	Topic        string // where it goes
 	Partition    int32
+	// Gone, for a message parked as a reference (reason oversize), says
+	// why its original could not be fetched back from the source topic:
+	// it was not republished.
+	Gone string
 }
 
 // ReplayReport is the outcome of a replay.
@@ -99,6 +105,9 @@ type ReplayReport struct {
 	Replayed int `json:"replayed"`
 	// Skipped counts messages passed over for another reason code.
 	Skipped int `json:"skipped"`
+	// Gone counts references (reason oversize) whose original the source
+	// topic no longer holds: they cannot be replayed, and are passed over.
+	Gone int `json:"gone"`
 	// MaxReached: the run stopped at Max with matching messages left.
 	MaxReached bool `json:"maxReached"`
 	// Pending is, per DLQ partition, the messages between the group's
@@ -159,7 +168,7 @@ func Replay(ctx context.Context, k config.Kafka, opts ReplayOptions, log *slog.L
 		err = r.run(ctx, ranges)
 	}
 	r.mu.Lock()
-	rep.Replayed, rep.Skipped, rep.MaxReached = r.replayed, r.skipped, r.maxReached
+	rep.Replayed, rep.Skipped, rep.Gone, rep.MaxReached = r.replayed, r.skipped, r.gone, r.maxReached
 	r.mu.Unlock()
 	return rep, err
 }
@@ -177,6 +186,7 @@ type replayer struct {
 	partitions map[string]int32
 	replayed   int
 	skipped    int
+	gone       int
 	maxReached bool
 }
 
@@ -283,6 +293,14 @@ func (r *replayer) uncount() {
 	r.replayed--
 }
 
+// countGone moves judge's count of a reference whose original is gone.
+func (r *replayer) countGone() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.replayed--
+	r.gone++
+}
+
 func (r *replayer) report(d Replayed) {
 	if r.opts.OnMessage == nil {
 		return
@@ -349,7 +367,11 @@ func (r *replayer) partitionCount(topic string) (int32, error) {
 // are, the original headers without the dead-letter ones, and where it was
 // parked. The timestamp is left for the producer to set: the republished
 // record is new, and an old timestamp could put it under retention at once.
-func republished(m *sarama.ConsumerMessage, topic string, partition int32) *sarama.ProducerMessage {
+//
+// For a reference (reason oversize) body is the original fetched back from
+// the source topic, and parked the reference; otherwise both are m.
+func republished(body, parked *sarama.ConsumerMessage, topic string, partition int32) *sarama.ProducerMessage {
+	m := body
 	headers := make([]sarama.RecordHeader, 0, len(m.Headers)+1)
 	for _, h := range m.Headers {
 		if h == nil || isDLQHeader(string(h.Key)) || strings.HasPrefix(string(h.Key), "x-dlq-") {
@@ -359,7 +381,7 @@ func republished(m *sarama.ConsumerMessage, topic string, partition int32) *sara
 	}
 	headers = append(headers, sarama.RecordHeader{
 		Key:   []byte(HeaderReplayedFrom),
-		Value: []byte(strconv.FormatInt(int64(m.Partition), 10) + "/" + strconv.FormatInt(m.Offset, 10)),
+		Value: []byte(strconv.FormatInt(int64(parked.Partition), 10) + "/" + strconv.FormatInt(parked.Offset, 10)),
 	})
 	pm := &sarama.ProducerMessage{Topic: topic, Partition: partition, Headers: headers}
 	// nil stays nil: a parked tombstone goes back as a tombstone.
@@ -626,7 +648,7 @@ func (h *replayHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sar
 			h.fail(errReplayMaxReached)
 			return nil
 		case replayTake:
-			if err := h.republish(m); err != nil {
+			if err := h.republish(sess.Context(), m); err != nil {
 				h.r.uncount()
 				h.fail(err)
 				return nil
@@ -647,20 +669,97 @@ func (h *replayHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sar
 	}
 }
 
-// republish sends m back and returns once the broker acknowledged it.
-func (h *replayHandler) republish(m *sarama.ConsumerMessage) error {
+// republish sends m back and returns once the broker acknowledged it. A
+// reference is resolved first: its original is republished, or, when the
+// source topic no longer holds it, reported as gone and passed over.
+func (h *replayHandler) republish(ctx context.Context, m *sarama.ConsumerMessage) error {
 	topic, partition, err := h.r.destination(m)
 	if err != nil {
 		return err
 	}
 	reason := headerValue(m, HeaderReason)
-	if _, _, err := h.producer.SendMessage(republished(m, topic, partition)); err != nil {
+	body := m
+	if isReference(m) {
+		original, err := h.r.original(ctx, m)
+		var gone *goneError
+		if errors.As(err, &gone) {
+			h.r.countGone()
+			h.r.log.Error("cannot replay a message parked as a reference: its original is gone", "dlq_partition", m.Partition,
+				"dlq_offset", m.Offset, "err", err)
+			h.r.report(Replayed{DLQPartition: m.Partition, DLQOffset: m.Offset, Key: m.Key, Reason: reason, Topic: topic, Partition: partition, Gone: gone.Error()})
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		body = original
+	}
+	if _, _, err := h.producer.SendMessage(republished(body, m, topic, partition)); err != nil {
 		return fmt.Errorf("dlq replay: republish %s/%d@%d to %s/%d: %w", m.Topic, m.Partition, m.Offset, topic, partition, err)
 	}
 	h.r.log.Info("replayed", "dlq_partition", m.Partition, "dlq_offset", m.Offset, "key", string(m.Key),
 		"reason", reason, "topic", topic, "partition", partition)
 	h.r.report(Replayed{DLQPartition: m.Partition, DLQOffset: m.Offset, Key: m.Key, Reason: reason, Topic: topic, Partition: partition})
 	return nil
+}
+
+// isReference reports whether m stands for an original too large to park
+// (DLQ.Park's reference).
+func isReference(m *sarama.ConsumerMessage) bool {
+	return ReasonCode(headerValue(m, HeaderReason)) == CodeOversize && headerValue(m, HeaderOriginalSHA256) != ""
+}
+
+// goneError says why a reference's original cannot be fetched back.
+type goneError struct{ msg string }
+
+func (e *goneError) Error() string { return e.msg }
+
+// original fetches the message reference ref stands for from the source
+// topic, at the partition and offset it names, and checks its size and
+// SHA-256. It is gone when retention (or compaction) removed it.
+func (r *replayer) original(ctx context.Context, ref *sarama.ConsumerMessage) (*sarama.ConsumerMessage, error) {
+	topic := headerValue(ref, HeaderOriginalTopic)
+	part, perr := strconv.ParseInt(headerValue(ref, HeaderOriginalPartition), 10, 32)
+	off, oerr := strconv.ParseInt(headerValue(ref, HeaderOriginalOffset), 10, 64)
+	if topic == "" || perr != nil || oerr != nil {
+		return nil, &goneError{fmt.Sprintf("reference %s/%d@%d does not name its original's topic, partition and offset", ref.Topic, ref.Partition, ref.Offset)}
+	}
+	where := fmt.Sprintf("%s/%d@%d", topic, part, off)
+	oldest, err := r.client.GetOffset(topic, int32(part), sarama.OffsetOldest)
+	if err != nil {
+		return nil, fmt.Errorf("dlq replay: oldest offset of %s/%d: %w", topic, part, err)
+	}
+	if off < oldest {
+		return nil, &goneError{fmt.Sprintf("%s is gone: the topic's retention removed it (the partition now starts at offset %d)", where, oldest)}
+	}
+	consumer, err := sarama.NewConsumerFromClient(r.client)
+	if err != nil {
+		return nil, fmt.Errorf("dlq replay: %w", err)
+	}
+	defer consumer.Close()
+	pc, err := consumer.ConsumePartition(topic, int32(part), off)
+	if errors.Is(err, sarama.ErrOffsetOutOfRange) {
+		return nil, &goneError{fmt.Sprintf("%s is gone: the topic no longer holds that offset", where)}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dlq replay: read %s: %w", where, err)
+	}
+	defer pc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	select {
+	case m := <-pc.Messages():
+		sum := sha256.Sum256(m.Value)
+		if m.Offset != off || strconv.Itoa(len(m.Value)) != headerValue(ref, HeaderOriginalSize) ||
+			hex.EncodeToString(sum[:]) != headerValue(ref, HeaderOriginalSHA256) {
+			return nil, &goneError{fmt.Sprintf("%s is gone: the topic holds another message there now (offset %d, %d bytes, other SHA-256)", where, m.Offset, len(m.Value))}
+		}
+		return m, nil
+	case cerr := <-pc.Errors():
+		return nil, fmt.Errorf("dlq replay: read %s: %w", where, cerr)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("dlq replay: read %s: %w", where, context.Cause(ctx))
+	}
 }
 
 func sortedPartitions(ranges map[int32]replayRange) []int32 {

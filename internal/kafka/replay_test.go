@@ -39,7 +39,7 @@ func newReplayWorld(t *testing.T, partitions int32) *replayWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.dlq = kafka.NewDLQ(producer, b.DLQTopic, b.Group)
+	w.dlq = kafka.NewDLQ(producer, b.DLQTopic, b.Group, 0)
 	t.Cleanup(func() { w.dlq.Close() })
 	return w
 }
@@ -76,7 +76,7 @@ func (w *replayWorld) park(ps ...parked) []*sarama.ConsumerMessage {
 		for _, m := range originals {
 			if m.Partition == p.msg.Partition && bytes.Equal(m.Key, p.msg.Key) && !slices.Contains(out, m) {
 				out = append(out, m)
-				if err := w.dlq.Park(m, p.reason); err != nil {
+				if _, err := w.dlq.Park(m, p.reason); err != nil {
 					w.t.Fatal(err)
 				}
 				break

@@ -104,7 +104,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	defer producer.Close()
 	opts := options()
 	opts.Topic, opts.Group = b.Topic, b.Group
-	c, err := kafka.NewConsumer(cclient, proc, kafka.NewDLQ(producer, b.DLQTopic, b.Group), opts, m, tp, log)
+	c, err := kafka.NewConsumer(cclient, proc, kafka.NewDLQ(producer, b.DLQTopic, b.Group, 0), opts, m, tp, log)
 	if err != nil {
 		t.Fatal(err)
 	}
