@@ -60,9 +60,13 @@ import (
 
 type scenario struct {
 	name    string
+	binary  string // the billing binary to run
 	latency time.Duration
 	events  int
 	env     []string // extra environment of serve
+	// rateLimit, when > 0, makes the fake provider answer 429 beyond that
+	// many requests a second, as a provider's rate limit does.
+	rateLimit int
 }
 
 // seedEnv configures billing as the seed's design: kafkajs eachMessage with
@@ -85,6 +89,9 @@ type result struct {
 	peakRSS     int64 // bytes
 	txEvents    float64
 	doubleOrder int64
+	// The provider's view: requests, the most within any one second, and
+	// 429s answered.
+	requests, peakPerSecond, rateLimited int64
 	// brokerCPU is Apache Kafka's own CPU per 1,000 events (all nodes); 0
 	// on kfake, which runs inside the benchmark's process.
 	brokerCPU time.Duration
@@ -109,6 +116,11 @@ func run() error {
 		pgbenchT   = flag.Duration("pgbench", 15*time.Second, "pgbench duration (0 skips it)")
 		brokerFlag = flag.String("broker", "", "kfake, apache or both (default: both where Java and Maven are installed, else kfake)")
 		nodes      = flag.Int("nodes", 1, "Apache Kafka nodes: 1, or 3 (replication factor 3, min.insync.replicas 2)")
+		latencyArg = flag.String("latencies", "0,50,200,500,1000", "provider latencies to sweep, milliseconds, comma-separated")
+		baseline   = flag.String("baseline", "", "an earlier billing binary to sweep beside -binary (label: -baseline-label)")
+		baseLabel  = flag.String("baseline-label", "billing (baseline)", "the baseline's name in the tables")
+		svgPath    = flag.String("svg", "", "write the sweep's events/s against latency as an SVG image to this file")
+		rps        = flag.Bool("rps", true, "also run billing with PAYMENT_MAX_RPS=100 against a provider limited to 100 requests/s")
 	)
 	flag.Parse()
 
@@ -121,11 +133,30 @@ func run() error {
 	if *extra != "" {
 		billingEnv = strings.Split(*extra, ",")
 	}
-	scenarios := []scenario{
-		{name: "billing, provider 0 ms", latency: 0, events: *events, env: billingEnv},
-		{name: "seed design, provider 0 ms", latency: 0, events: *seedEvents, env: seedEnv},
-		{name: "billing, provider 50 ms", latency: 50 * time.Millisecond, events: *events, env: billingEnv},
-		{name: "seed design, provider 50 ms", latency: 50 * time.Millisecond, events: max(*seedEvents/4, 500), env: seedEnv},
+	latencies, err := parseLatencies(*latencyArg)
+	if err != nil {
+		return err
+	}
+	// Event counts per design: billing takes the full count; the earlier
+	// binary held a transaction per event across the provider call (about
+	// 100 open at once, so ~100/latency events/s); the seed design handles
+	// 3 events at a time.
+	designs := []design{{label: "billing", binary: *binary, env: billingEnv, events: capped(*events, 1e9, 0)}}
+	if *baseline != "" {
+		designs = append(designs, design{label: *baseLabel, binary: *baseline, env: billingEnv, events: capped(*events, 100, 2000)})
+	}
+	designs = append(designs, design{label: "seed design", binary: *binary, env: seedEnv, events: capped(*seedEvents, 3, 100)})
+	var scenarios []scenario
+	for _, l := range latencies {
+		for _, d := range designs {
+			scenarios = append(scenarios, scenario{name: scenarioName(d.label, l), binary: d.binary, latency: l, events: d.events(l), env: d.env})
+		}
+	}
+	if *rps {
+		// Stripe's live-mode default: 100 requests/s. The backlog must
+		// drain at about that rate without a storm of 429s.
+		scenarios = append(scenarios, scenario{name: "billing, PAYMENT_MAX_RPS=100, provider 50 ms (limit 100/s)", binary: *binary,
+			latency: 50 * time.Millisecond, events: 3000, env: append(slices.Clone(billingEnv), "PAYMENT_MAX_RPS=100"), rateLimit: 100})
 	}
 
 	fmt.Printf("machine: %d CPUs, %s; %s\n", numCPU(), memTotal(), goVersion())
@@ -145,7 +176,7 @@ func run() error {
 		}
 		for _, b := range brokers {
 			fmt.Printf("--- %s on %s: %d events\n", sc.name, b.name, sc.events)
-			r, err := runScenario(sc, b, *binary, *server, int32(*partitions))
+			r, err := runScenario(sc, b, *server, int32(*partitions))
 			if err != nil {
 				return fmt.Errorf("%s on %s: %w", sc.name, b.name, err)
 			}
@@ -162,6 +193,15 @@ func run() error {
 		}
 	}
 	printTable(results, pgTPS)
+	for _, b := range brokers {
+		printSweep(designs, latencies, results, b.name)
+	}
+	if *svgPath != "" && len(brokers) > 0 {
+		if err := writeSweepSVG(*svgPath, designs, latencies, results, brokers[0].name); err != nil {
+			return fmt.Errorf("-svg: %w", err)
+		}
+		fmt.Printf("\nsweep drawn in %s (%s)\n", *svgPath, brokers[0].name)
+	}
 	return nil
 }
 
@@ -316,7 +356,8 @@ func (b *broker) cpu() (time.Duration, error) {
 	return total, nil
 }
 
-func runScenario(sc scenario, b *broker, binary, server string, partitions int32) (result, error) {
+func runScenario(sc scenario, b *broker, server string, partitions int32) (result, error) {
+	binary := sc.binary
 	res := result{scenario: sc, broker: b.name}
 	dsn, drop, err := freshDatabase(server, "billing_bench")
 	if err != nil {
@@ -329,7 +370,7 @@ func runScenario(sc scenario, b *broker, binary, server string, partitions int32
 		return res, err
 	}
 	defer cleanup()
-	psp := fakepsp.New(fakepsp.Options{Latency: sc.latency, Seed: 1})
+	psp := fakepsp.New(fakepsp.Options{Latency: sc.latency, RateLimit: sc.rateLimit, Seed: 1})
 	pspSrv := httptest.NewServer(psp)
 	defer pspSrv.Close()
 
@@ -445,8 +486,10 @@ func runScenario(sc scenario, b *broker, binary, server string, partitions int32
 	res.proc50 = quantile(families["billing_event_processing_seconds"], 0.5)
 	res.proc99 = quantile(families["billing_event_processing_seconds"], 0.99)
 	res.txEvents = mean(families["billing_transaction_events"])
-	res.doubleOrder = psp.Stats().OrdersChargedTwice
-	if st := psp.Stats(); st.ChargesCreated != int64(gen.Expected().Unique) {
+	st := psp.Stats()
+	res.doubleOrder = st.OrdersChargedTwice
+	res.requests, res.peakPerSecond, res.rateLimited = st.Requests, st.PeakPerSecond, st.RateLimited
+	if st.ChargesCreated != int64(gen.Expected().Unique) {
 		return res, fmt.Errorf("provider created %d charges for %d unique events", st.ChargesCreated, gen.Expected().Unique)
 	}
 	return res, nil
@@ -618,16 +661,17 @@ func runPgbench(server string, d time.Duration) (float64, error) {
 
 func printTable(results []result, pgTPS float64) {
 	fmt.Println()
-	fmt.Println("| scenario | broker | events | events/s | occurredAt→commit p50 / p99 | take→commit p50 / p99 | events per tx | CPU per 1,000 events | broker CPU per 1,000 events | peak RSS | orders charged twice |")
-	fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Println("| scenario | broker | events | events/s | occurredAt→commit p50 / p99 | take→commit p50 / p99 | events per tx | CPU per 1,000 events | broker CPU per 1,000 events | peak RSS | orders charged twice | provider requests: most in 1 s, 429s |")
+	fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, r := range results {
 		brokerCPU := "in process"
 		if r.brokerCPU > 0 {
 			brokerCPU = fmt.Sprintf("%d ms", r.brokerCPU.Milliseconds())
 		}
-		fmt.Printf("| %s | %s | %d | %.0f | %s / %s | %s / %s | %.1f | %d ms | %s | %.1f MiB | %d |\n",
+		fmt.Printf("| %s | %s | %d | %.0f | %s / %s | %s / %s | %.1f | %d ms | %s | %.1f MiB | %d | %d: %d, %d |\n",
 			r.name, r.broker, r.produced, r.eventsPerS, secs(r.p50), secs(r.p99), secs(r.proc50), secs(r.proc99),
-			r.txEvents, r.cpuPer1000.Milliseconds(), brokerCPU, float64(r.peakRSS)/(1<<20), r.doubleOrder)
+			r.txEvents, r.cpuPer1000.Milliseconds(), brokerCPU, float64(r.peakRSS)/(1<<20), r.doubleOrder,
+			r.requests, r.peakPerSecond, r.rateLimited)
 	}
 	type key struct{ name, broker string }
 	byKey := map[key]result{}

@@ -44,8 +44,10 @@ func TestClient_MaxConcurrencyBoundsRequestsInFlight(t *testing.T) {
 	}
 }
 
-// MaxRPS is a token bucket for the whole client: in any second after the
-// first burst the provider sees at most MaxRPS requests.
+// MaxRPS is a token bucket for the whole client, with a burst of one: in
+// any one-second window the provider sees at most MaxRPS requests (one more
+// is tolerated for arrival jitter: requests sent 50 ms apart can arrive
+// closer).
 func TestClient_MaxRPSBoundsRequestsPerSecond(t *testing.T) {
 	var mu sync.Mutex
 	var arrivals []time.Time
@@ -64,7 +66,6 @@ func TestClient_MaxRPSBoundsRequestsPerSecond(t *testing.T) {
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
-	// The bucket holds one second's worth: 20 at once, then 20 a second.
 	for i := range arrivals {
 		n := 0
 		for _, a := range arrivals[i:] {
@@ -72,12 +73,12 @@ func TestClient_MaxRPSBoundsRequestsPerSecond(t *testing.T) {
 				n++
 			}
 		}
-		if n > 2*20 {
-			t.Fatalf("%d requests within one second from arrival %d, want at most the burst plus the rate", n, i)
+		if n > 20+1 {
+			t.Fatalf("%d requests within one second from arrival %d, want at most 20", n, i)
 		}
 	}
-	if first, last := arrivals[0], arrivals[len(arrivals)-1]; last.Sub(first) < time.Second {
-		t.Errorf("50 requests at 20/s (burst 20) took %s, want at least 1.5s", last.Sub(first))
+	if first, last := arrivals[0], arrivals[len(arrivals)-1]; last.Sub(first) < 2400*time.Millisecond {
+		t.Errorf("50 requests at 20/s took %s, want at least 2.45s", last.Sub(first))
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -126,13 +125,24 @@ type Config struct {
 	// connections to the provider, so that keep-alive connections are
 	// reused instead of a TLS handshake per charge. 0 means no bound.
 	MaxConcurrency int
-	// MaxRPS bounds the requests sent per second, whole client (a token
-	// bucket with a burst of one second's worth); 0 means no bound.
+	// MaxRPS bounds the requests sent per second, whole client: a token
+	// bucket with a burst of one, so that no one-second window, wherever
+	// it starts, holds more than MaxRPS (a provider's rate limit counts in
+	// such windows, and a burst on top of the rate would meet 429s). It
+	// paces at MaxRPS/rpsMargin: requests sent evenly arrive unevenly. 0
+	// means no bound.
 	MaxRPS float64
 	// TracerProvider traces each call as a client span; nil traces nothing.
 	// Either way the request carries the caller's traceparent onward.
 	TracerProvider trace.TracerProvider
 }
+
+// rpsMargin paces MaxRPS requests over 1.05 s rather than 1 s: requests
+// leave evenly spaced but arrive bunched by scheduling and network jitter
+// of tens of milliseconds, and a provider counting in one-second windows
+// answered 429 to 14% of the requests paced at exactly MaxRPS (bench/throughput,
+// PAYMENT_MAX_RPS=100, on a loaded 2-core machine).
+const rpsMargin = 1.05
 
 // Client calls the provider's charges API.
 //
@@ -189,7 +199,7 @@ func New(cfg Config, m *metrics.Metrics) *Client {
 		c.slots = make(chan struct{}, cfg.MaxConcurrency)
 	}
 	if cfg.MaxRPS > 0 {
-		c.limiter = rate.NewLimiter(rate.Limit(cfg.MaxRPS), max(1, int(math.Ceil(cfg.MaxRPS))))
+		c.limiter = rate.NewLimiter(rate.Limit(cfg.MaxRPS/rpsMargin), 1)
 	}
 	return c
 }

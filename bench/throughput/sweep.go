@@ -1,0 +1,162 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A sweep runs billing, an earlier billing binary (the baseline, optional)
+// and the seed design at each provider latency, so that events/s can be
+// read against latency side by side, from one run on one machine.
+
+// design is one line of the sweep: a binary and its configuration.
+type design struct {
+	label  string // "billing", "billing 3f706e0", "seed design"
+	binary string
+	env    []string
+	// events sizes a scenario at a latency so that it lasts tens of
+	// seconds, not hours, for a design whose throughput falls with latency.
+	events func(latency time.Duration) int
+}
+
+// parseLatencies reads -latencies: milliseconds, comma-separated.
+func parseLatencies(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for f := range strings.SplitSeq(s, ",") {
+		ms, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || ms < 0 {
+			return nil, fmt.Errorf("-latencies %q: want milliseconds, comma-separated", s)
+		}
+		out = append(out, time.Duration(ms)*time.Millisecond)
+	}
+	return out, nil
+}
+
+// scenarioName names a design's scenario at a latency.
+func scenarioName(label string, latency time.Duration) string {
+	return fmt.Sprintf("%s, provider %d ms", label, latency.Milliseconds())
+}
+
+// capped is a design's event count: n, or fewer when the design handles
+// about perSecondAtOneSecond/latency events per second, so that the
+// scenario takes about 30 s.
+func capped(n int, perSecondAtOneSecond float64, floor int) func(time.Duration) int {
+	return func(l time.Duration) int {
+		if l == 0 {
+			return n
+		}
+		return min(n, max(floor, int(30*perSecondAtOneSecond/l.Seconds())))
+	}
+}
+
+// point is one design's events/s at one latency.
+type point struct {
+	latency time.Duration
+	perS    float64
+}
+
+// printSweep prints events/s by latency, one column per design, and each
+// design's ratio to the first.
+func printSweep(designs []design, latencies []time.Duration, results []result, brokerName string) {
+	perS := map[string]float64{}
+	for _, r := range results {
+		if r.broker == brokerName {
+			perS[r.name] = r.eventsPerS
+		}
+	}
+	fmt.Printf("\nprovider latency sweep on %s (events/s)\n\n| provider latency |", brokerName)
+	for _, d := range designs {
+		fmt.Printf(" %s |", d.label)
+	}
+	for _, d := range designs[1:] {
+		fmt.Printf(" %s / %s |", designs[0].label, d.label)
+	}
+	fmt.Println()
+	fmt.Print("| --- |" + strings.Repeat(" ---: |", 2*len(designs)-1) + "\n")
+	for _, l := range latencies {
+		first := perS[scenarioName(designs[0].label, l)]
+		fmt.Printf("| %d ms |", l.Milliseconds())
+		for _, d := range designs {
+			fmt.Printf(" %.0f |", perS[scenarioName(d.label, l)])
+		}
+		for _, d := range designs[1:] {
+			fmt.Printf(" %.1f× |", first/perS[scenarioName(d.label, l)])
+		}
+		fmt.Println()
+	}
+}
+
+// writeSweepSVG draws events/s (log scale) against provider latency, one
+// line per design, as a standalone SVG file.
+func writeSweepSVG(path string, designs []design, latencies []time.Duration, results []result, brokerName string) error {
+	series := make([][]point, len(designs))
+	lo, hi := math.Inf(1), 0.0
+	for i, d := range designs {
+		for _, l := range latencies {
+			j := slices.IndexFunc(results, func(r result) bool { return r.broker == brokerName && r.name == scenarioName(d.label, l) })
+			if j < 0 || results[j].eventsPerS <= 0 {
+				continue
+			}
+			v := results[j].eventsPerS
+			series[i] = append(series[i], point{l, v})
+			lo, hi = min(lo, v), max(hi, v)
+		}
+	}
+	if hi == 0 {
+		return fmt.Errorf("no results to draw")
+	}
+	return os.WriteFile(path, []byte(sweepSVG(designs, latencies, series, lo, hi)), 0o644)
+}
+
+// sweepSVG renders the chart: latencies evenly spaced on x (they span
+// orders of magnitude, and 0 has no logarithm), events/s on a log10 y axis
+// between the decades around lo and hi.
+func sweepSVG(designs []design, latencies []time.Duration, series [][]point, lo, hi float64) string {
+	const w, h, left, right, top, bottom = 640.0, 400.0, 70.0, 170.0, 30.0, 50.0
+	dLo, dHi := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+	if dHi == dLo {
+		dHi++
+	}
+	x := func(l time.Duration) float64 {
+		i := slices.Index(latencies, l)
+		if len(latencies) == 1 {
+			return left
+		}
+		return left + float64(i)*(w-left-right)/float64(len(latencies)-1)
+	}
+	y := func(v float64) float64 {
+		return top + (dHi-math.Log10(v))*(h-top-bottom)/(dHi-dLo)
+	}
+	colors := []string{"#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"}
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="12">`+"\n", w, h)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%.0f" y="18" font-size="14">events/s against provider latency (log scale)</text>`+"\n", left)
+	for d := dLo; d <= dHi; d++ {
+		v := math.Pow(10, d)
+		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n",
+			left, w-right, y(v), y(v), left-6, y(v)+4, strconv.FormatFloat(v, 'f', -1, 64))
+	}
+	for _, l := range latencies {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%d ms</text>`+"\n", x(l), h-bottom+18, l.Milliseconds())
+	}
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">provider latency</text>`+"\n", left+(w-left-right)/2, h-10)
+	for i, d := range designs {
+		c := colors[i%len(colors)]
+		var pts []string
+		for _, p := range series[i] {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(p.latency), y(p.perS)))
+			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", x(p.latency), y(p.perS), c)
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", c, strings.Join(pts, " "))
+		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.0f" y2="%.0f" stroke="%s" stroke-width="2"/><text x="%.0f" y="%.0f">%s</text>`+"\n",
+			w-right+10, w-right+30, top+20*float64(i)+10, top+20*float64(i)+10, c, w-right+36, top+20*float64(i)+14, d.label)
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
