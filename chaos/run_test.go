@@ -83,6 +83,9 @@ type run struct {
 	faultCount map[string]int
 	faultOrder []string
 	unexpected []string // processes that exited without being told to
+	// extra are invalid messages a fault published beside the stream
+	// (oversized values): verify expects each in the DLQ.
+	extra []*sent
 	stopTimes  []time.Duration
 	zombies    int // kfake members evicted by reapZombies
 	// faultEnd is when the last injected fault was undone (see faultOver),
