@@ -16,6 +16,7 @@ import (
 
 	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 )
 
@@ -180,7 +181,7 @@ func (r *run) node(id int32) (*apachekafka.Node, error) {
 // busiestLeader returns the partition of the order topic that holds the
 // most messages now, and the broker that leads it.
 func (r *run) busiestLeader() (int32, int32, error) {
-	end, err := endOffsets(r.probe, r.topic)
+	end, err := kafka.EndOffsets(r.probe, r.topic)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -85,9 +85,9 @@ type run struct {
 	unexpected []string // processes that exited without being told to
 	// extra are invalid messages a fault published beside the stream
 	// (oversized values): verify expects each in the DLQ.
-	extra []*sent
-	stopTimes  []time.Duration
-	zombies    int // kfake members evicted by reapZombies
+	extra     []*sent
+	stopTimes []time.Duration
+	zombies   int // kfake members evicted by reapZombies
 	// faultEnd is when the last injected fault was undone (see faultOver),
 	// published when the broker had acknowledged the whole stream, lagZero
 	// when the group's committed offsets were first seen at the end
@@ -467,11 +467,11 @@ func (r *run) killAll() {
 // caughtUp reports whether the group has committed every partition to its
 // end, with the offsets for a message.
 func (r *run) caughtUp() (bool, string, error) {
-	end, err := endOffsets(r.probe, r.topic)
+	end, err := kafka.EndOffsets(r.probe, r.topic)
 	if err != nil {
 		return false, "", err
 	}
-	committed, err := committedOffsets(r.probe, r.group, r.topic)
+	committed, err := kafka.CommittedOffsets(r.probe, r.group, r.topic)
 	if err != nil {
 		return false, "", err
 	}
@@ -551,60 +551,13 @@ func (r *run) checkReadyz(want int, within time.Duration) {
 	}
 }
 
-// --- offsets and topics, read without failing the test from a helper ---
+// --- topics, read without failing the test from a helper ---
 
 // readTopic reads every message of topic that exists now.
 func (r *run) readTopic(topic string) ([]*sarama.ConsumerMessage, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	return kafka.ReadTopic(ctx, r.client, topic)
-}
-
-func endOffsets(client sarama.Client, topic string) (map[int32]int64, error) {
-	if err := client.RefreshMetadata(topic); err != nil {
-		return nil, err
-	}
-	parts, err := client.Partitions(topic)
-	if err != nil {
-		return nil, err
-	}
-	out := map[int32]int64{}
-	for _, p := range parts {
-		o, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			return nil, err
-		}
-		out[p] = o
-	}
-	return out, nil
-}
-
-func committedOffsets(client sarama.Client, group, topic string) (map[int32]int64, error) {
-	parts, err := client.Partitions(topic)
-	if err != nil {
-		return nil, err
-	}
-	admin, err := sarama.NewClusterAdminFromClient(client)
-	if err != nil {
-		return nil, err
-	}
-	// Not closed: that would close the shared client.
-	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
-	if err != nil {
-		// sarama looks the coordinator up again on "not coordinator" only;
-		// when the coordinator's broker died (Apache Kafka moves the group
-		// to another one) the cached one would be asked for ever.
-		_ = client.RefreshCoordinator(group)
-		return nil, err
-	}
-	out := map[int32]int64{}
-	for _, p := range parts {
-		out[p] = -1
-		if b := resp.GetBlock(topic, p); b != nil && b.Err == sarama.ErrNoError {
-			out[p] = b.Offset
-		}
-	}
-	return out, nil
 }
 
 // runScenario runs sc: the stream with its faults, the wait for the group,

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"example.com/billing/internal/charge"
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/loadgen"
@@ -76,11 +77,11 @@ func (r *run) verify() result {
 
 	// --- The broker: what was published is in the topic, and the group
 	// committed all of it.
-	end, err := endOffsets(r.client, r.topic)
+	end, err := kafka.EndOffsets(r.client, r.topic)
 	if err != nil {
 		t.Fatalf("end offsets: %v", err)
 	}
-	committed, err := committedOffsets(r.client, r.group, r.topic)
+	committed, err := kafka.CommittedOffsets(r.client, r.group, r.topic)
 	if err != nil {
 		t.Fatalf("committed offsets: %v", err)
 	}
@@ -304,23 +305,23 @@ func (r *run) verify() result {
 			invalidAt[position{m.partition, m.offset}] = m
 		}
 	}
-	dlq, err := r.readTopic(r.dlqTopic)
+	dlqMsgs, err := r.readTopic(r.dlqTopic)
 	if err != nil {
 		t.Fatalf("read the DLQ: %v", err)
 	}
 	parked := map[position]int{}
-	for _, d := range dlq {
-		reason := kafkatest.Header(d, kafka.HeaderReason)
-		part, perr := strconv.ParseInt(kafkatest.Header(d, kafka.HeaderOriginalPartition), 10, 32)
-		off, oerr := strconv.ParseInt(kafkatest.Header(d, kafka.HeaderOriginalOffset), 10, 64)
+	for _, d := range dlqMsgs {
+		reason := kafkatest.Header(d, dlq.HeaderReason)
+		part, perr := strconv.ParseInt(kafkatest.Header(d, dlq.HeaderOriginalPartition), 10, 32)
+		off, oerr := strconv.ParseInt(kafkatest.Header(d, dlq.HeaderOriginalOffset), 10, 64)
 		where := fmt.Sprintf("DLQ message %d/%d", d.Partition, d.Offset)
 		if !strings.HasPrefix(reason, "invalid-event: ") {
 			t.Errorf("%s: x-dlq-reason %q, want invalid-event: ...", where, reason)
 		}
-		if got := kafkatest.Header(d, kafka.HeaderOriginalTopic); got != r.topic {
+		if got := kafkatest.Header(d, dlq.HeaderOriginalTopic); got != r.topic {
 			t.Errorf("%s: x-original-topic %q", where, got)
 		}
-		if got := kafkatest.Header(d, kafka.HeaderConsumerGroup); got != r.group {
+		if got := kafkatest.Header(d, dlq.HeaderConsumerGroup); got != r.group {
 			t.Errorf("%s: x-consumer-group %q", where, got)
 		}
 		if perr != nil || oerr != nil {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/wait"
@@ -46,7 +46,7 @@ func TestServe_StaleAndTamperedEventsAreParkedUncharged(t *testing.T) {
 	}
 	reasons := map[string]string{}
 	for _, m := range kafkatest.ReadAll(t, h.client, h.broker.DLQTopic) {
-		reasons[string(m.Value)] = kafkatest.Header(m, kafka.HeaderReason)
+		reasons[string(m.Value)] = kafkatest.Header(m, dlq.HeaderReason)
 	}
 	if r := reasons[string(tamperedValue)]; !strings.HasPrefix(r, "payload-mismatch: ") {
 		t.Errorf("tampered event reason %q, want payload-mismatch", r)

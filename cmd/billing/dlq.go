@@ -10,7 +10,7 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/dlq"
 )
 
 const dlqUsage = `Usage: billing dlq <command> [flags]
@@ -109,14 +109,14 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 	if *dryRun {
 		verb = "would replay"
 	}
-	rep, err := kafka.Replay(ctx, cfg.Kafka, kafka.ReplayOptions{
+	rep, err := dlq.Replay(ctx, cfg.Kafka, dlq.ReplayOptions{
 		DLQTopic: cfg.Kafka.DLQTopic,
 		Topic:    cfg.Kafka.Topic,
 		Group:    *group,
 		Reason:   *reason,
 		Max:      *maxN,
 		DryRun:   *dryRun,
-		OnMessage: func(r kafka.Replayed) {
+		OnMessage: func(r dlq.Replayed) {
 			if r.Gone != "" {
 				fmt.Fprintf(stdout, "cannot replay %s/%d@%d key=%q reason=%q: %s; passed over\n",
 					cfg.Kafka.DLQTopic, r.DLQPartition, r.DLQOffset, r.Key, r.Reason, r.Gone)

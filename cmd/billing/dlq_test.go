@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/wait"
 )
@@ -94,15 +94,15 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 	}
 	var again int
 	for _, m := range parked {
-		if from := kafkatest.Header(m, kafka.HeaderReplayedFrom); from != "" {
+		if from := kafkatest.Header(m, dlq.HeaderReplayedFrom); from != "" {
 			again++
-			if !strings.HasPrefix(kafkatest.Header(m, kafka.HeaderReason), "invalid-event: ") || string(m.Key) != "bad" {
-				t.Errorf("parked again: key %s, reason %q", m.Key, kafkatest.Header(m, kafka.HeaderReason))
+			if !strings.HasPrefix(kafkatest.Header(m, dlq.HeaderReason), "invalid-event: ") || string(m.Key) != "bad" {
+				t.Errorf("parked again: key %s, reason %q", m.Key, kafkatest.Header(m, dlq.HeaderReason))
 			}
 		}
 	}
 	if again != 1 {
-		t.Errorf("%d parked messages carry %s, want 1", again, kafka.HeaderReplayedFrom)
+		t.Errorf("%d parked messages carry %s, want 1", again, dlq.HeaderReplayedFrom)
 	}
 
 	// The charged event replayed once more (another group) is a duplicate.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafkatest"
 )
 
@@ -70,7 +70,7 @@ func TestOversize_CompressedValueIsParkedWhole(t *testing.T) {
 	if len(parked) != 1 {
 		t.Fatalf("DLQ holds %d messages, want 1", len(parked))
 	}
-	reason := kafkatest.Header(parked[0], kafka.HeaderReason)
+	reason := kafkatest.Header(parked[0], dlq.HeaderReason)
 	if !strings.HasPrefix(reason, "invalid-event: ") || !bytes.Equal(parked[0].Value, big) {
 		t.Errorf("parked %q with %d bytes, want invalid-event: ... with the whole %d-byte value", reason, len(parked[0].Value), len(big))
 	}
@@ -104,14 +104,14 @@ func TestOversize_ParkedAsReferenceAndReplayed(t *testing.T) {
 	}
 	ref := parked[0]
 	sum := sha256.Sum256(big)
-	reason := kafkatest.Header(ref, kafka.HeaderReason)
+	reason := kafkatest.Header(ref, dlq.HeaderReason)
 	if !strings.HasPrefix(reason, "oversize: ") || !strings.Contains(reason, "invalid-event: ") {
 		t.Errorf("x-dlq-reason %q, want oversize: ... invalid-event: ...", reason)
 	}
-	if got := kafkatest.Header(ref, kafka.HeaderOriginalSize); got != strconv.Itoa(len(big)) {
+	if got := kafkatest.Header(ref, dlq.HeaderOriginalSize); got != strconv.Itoa(len(big)) {
 		t.Errorf("x-original-size %q, want %d", got, len(big))
 	}
-	if got := kafkatest.Header(ref, kafka.HeaderOriginalSHA256); got != hex.EncodeToString(sum[:]) {
+	if got := kafkatest.Header(ref, dlq.HeaderOriginalSHA256); got != hex.EncodeToString(sum[:]) {
 		t.Errorf("x-original-sha256 %q, want the value's", got)
 	}
 	if !bytes.Equal(ref.Value, big[:1024]) || string(ref.Key) != "big" {
@@ -129,9 +129,9 @@ func TestOversize_ParkedAsReferenceAndReplayed(t *testing.T) {
 	}
 	msgs := kafkatest.ReadAll(t, h.client, h.broker.Topic)
 	last := msgs[len(msgs)-1]
-	if len(msgs) != 2 || !bytes.Equal(last.Value, big) || kafkatest.Header(last, kafka.HeaderReplayedFrom) == "" {
+	if len(msgs) != 2 || !bytes.Equal(last.Value, big) || kafkatest.Header(last, dlq.HeaderReplayedFrom) == "" {
 		t.Fatalf("order topic holds %d messages, the last of %d bytes (replayed-from %q); want the original republished",
-			len(msgs), len(last.Value), kafkatest.Header(last, kafka.HeaderReplayedFrom))
+			len(msgs), len(last.Value), kafkatest.Header(last, dlq.HeaderReplayedFrom))
 	}
 
 	// Once retention removed the original, a replay says it is gone.

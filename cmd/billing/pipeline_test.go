@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/wait"
 )
@@ -266,18 +266,18 @@ func TestServe_InvalidAndRejectedEventsAreParkedWithReasons(t *testing.T) {
 	}
 	byValue := map[string]string{}
 	for _, m := range parked {
-		for _, hdr := range []string{kafka.HeaderOriginalTopic, kafka.HeaderOriginalPartition, kafka.HeaderOriginalOffset, kafka.HeaderConsumerGroup} {
+		for _, hdr := range []string{dlq.HeaderOriginalTopic, dlq.HeaderOriginalPartition, dlq.HeaderOriginalOffset, dlq.HeaderConsumerGroup} {
 			if kafkatest.Header(m, hdr) == "" {
 				t.Errorf("parked message lacks header %s", hdr)
 			}
 		}
-		if got := kafkatest.Header(m, kafka.HeaderOriginalTopic); got != h.broker.Topic {
+		if got := kafkatest.Header(m, dlq.HeaderOriginalTopic); got != h.broker.Topic {
 			t.Errorf("x-original-topic = %q", got)
 		}
-		if got := kafkatest.Header(m, kafka.HeaderConsumerGroup); got != h.broker.Group {
+		if got := kafkatest.Header(m, dlq.HeaderConsumerGroup); got != h.broker.Group {
 			t.Errorf("x-consumer-group = %q", got)
 		}
-		byValue[string(m.Value)] = kafkatest.Header(m, kafka.HeaderReason)
+		byValue[string(m.Value)] = kafkatest.Header(m, dlq.HeaderReason)
 	}
 	for _, b := range bad {
 		reason, ok := byValue[b.value]

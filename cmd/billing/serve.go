@@ -20,6 +20,7 @@ import (
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
@@ -188,7 +189,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	}, nil); err != nil {
 		return ignoreStop(ctx, err)
 	}
-	producerCfg, err := kafka.DLQProducerConfig(cfg.Kafka)
+	producerCfg, err := dlq.ProducerConfig(cfg.Kafka)
 	if err != nil {
 		return err
 	}
@@ -198,8 +199,8 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	if err != nil {
 		return ignoreStop(ctx, fmt.Errorf("dead-letter producer: %w", err))
 	}
-	dlq := kafka.NewDLQ(producer, cfg.Kafka.DLQTopic, cfg.Kafka.GroupID, sizes.dlq)
-	defer dlq.Close()
+	parking := dlq.NewWriter(producer, cfg.Kafka.DLQTopic, cfg.Kafka.GroupID, sizes.dlq)
+	defer parking.Close()
 
 	// --- The pipeline: payment client, processor, consumer.
 	payer := payment.New(payment.Config{
@@ -236,7 +237,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	relay := outbox.NewRelay(db, relayProducer, cfg.Kafka.OutcomeTopic, m, log)
 	relay.MaxBytes = sizes.outcome
 	maintenance.Go(func() { relay.Run(ctx) })
-	c, err := kafka.NewConsumer(client, proc, dlq, kafka.Options{
+	c, err := kafka.NewConsumer(client, proc, parking, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
 		Group:              cfg.Kafka.GroupID,
 		Lanes:              cfg.Consumer.Lanes,
@@ -308,7 +309,7 @@ func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log
 	}
 	// The outcome topic bounds the relay's values: a row larger than it
 	// takes is dead rather than retried for ever.
-	sizes.outcome, sizes.dlq = 1<<20, kafka.DefaultDLQMaxRecordBytes
+	sizes.outcome, sizes.dlq = 1<<20, dlq.DefaultMaxRecordBytes
 	if out, err := kafka.DescribeTopic(admin, cfg.Kafka.OutcomeTopic); err != nil {
 		log.Error("cannot read the outcome topic; payment outcome events wait in the outbox until it exists",
 			"topic", cfg.Kafka.OutcomeTopic, "err", err)
@@ -335,17 +336,17 @@ func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log
 		}
 		log.Error(msg + "; starting anyway because DEDUP_ALLOW_SHORT_RETENTION=true")
 	}
-	if dlq, err := kafka.DescribeTopic(admin, cfg.Kafka.DLQTopic); err != nil {
+	if dlqLimits, err := kafka.DescribeTopic(admin, cfg.Kafka.DLQTopic); err != nil {
 		log.Warn("cannot read the dead-letter topic's max.message.bytes; assuming Kafka's default", "topic", cfg.Kafka.DLQTopic,
 			"max_message_bytes", sizes.dlq, "err", err)
 	} else {
 		// A message too large for it even compressed is parked as a
 		// reference (reason oversize), so this bounds nothing; it only
 		// decides which messages a replay must fetch from the topic.
-		sizes.dlq = dlq.MaxMessageBytes
-		if dlq.MaxMessageBytes < src.MaxMessageBytes {
+		sizes.dlq = dlqLimits.MaxMessageBytes
+		if dlqLimits.MaxMessageBytes < src.MaxMessageBytes {
 			log.Warn("the dead-letter topic accepts smaller messages than the source topic; the largest invalid messages will be parked as references (reason oversize)",
-				"dlq_max_message_bytes", dlq.MaxMessageBytes, "topic_max_message_bytes", src.MaxMessageBytes)
+				"dlq_max_message_bytes", dlqLimits.MaxMessageBytes, "topic_max_message_bytes", src.MaxMessageBytes)
 		}
 	}
 	return sizes, nil

@@ -82,6 +82,26 @@ func newCall(a attempt, fromRow bool) *call {
 	return &call{a: a, fromRow: fromRow, countedFor: -1}
 }
 
+// Retry is what a failed Process asks of its caller before it tries the
+// events again: the cause, as billing_retries_total labels it (payment or
+// database), and the least wait (a provider's Retry-After).
+type Retry struct {
+	Cause string
+	After time.Duration
+}
+
+// RetryFor tells how to retry after Process returned err.
+func RetryFor(err error) Retry {
+	var te *payment.TransientError
+	switch {
+	case errors.As(err, &te):
+		return Retry{Cause: "payment", After: te.RetryAfter}
+	case errors.Is(err, ErrAttemptBusy):
+		return Retry{Cause: "payment"}
+	}
+	return Retry{Cause: "database"}
+}
+
 // ErrAttemptBusy: the attempt an event needs is being sent by another lane
 // of this process right now; the event is retried once that settled.
 var ErrAttemptBusy = errors.New("its charge attempt is in flight in another lane of this process")

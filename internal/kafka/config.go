@@ -123,28 +123,6 @@ func ProducerConfig(k config.Kafka) (*sarama.Config, error) {
 	return cfg, nil
 }
 
-// dlqMaxMessageBytes is the dead-letter producer's Producer.MaxMessageBytes,
-// which sarama compares with a record's uncompressed size. A record above it
-// is parked as a reference (see DLQ); below it, whether it fits is up to
-// the dead-letter topic's max.message.bytes and the compression.
-const dlqMaxMessageBytes = 64 << 20
-
-// DLQProducerConfig is ProducerConfig for moving messages in and out of the
-// dead-letter topic. It must be able to park any message the source topic
-// accepted, or that partition would stall: sarama's own default of
-// 1,000,000 bytes is below Kafka's default max.message.bytes, and a value
-// that compressed well can be far larger than the topic's limit
-// uncompressed. (A general producer keeps sarama's limit: it also caps the
-// size of a batch, and a consumer holds a whole fetched batch in memory.)
-func DLQProducerConfig(k config.Kafka) (*sarama.Config, error) {
-	cfg, err := ProducerConfig(k)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Producer.MaxMessageBytes = dlqMaxMessageBytes
-	return cfg, nil
-}
-
 func tlsConfig(k config.Kafka) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if k.TLSCAFile != "" {

@@ -22,13 +22,20 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/payment"
 )
 
 // Processor settles the values of consecutive messages of one lane and says
 // what became of each (billing.Processor).
 type Processor interface {
 	Process(ctx context.Context, msgs []billing.Message) ([]billing.Result, error)
+}
+
+// Parker parks a message in the dead-letter topic (package dlq): it
+// returns once the broker acknowledged it, with the reason code it was
+// parked under. Close fails a Park in progress.
+type Parker interface {
+	Park(m *sarama.ConsumerMessage, reason string) (code string, err error)
+	Close() error
 }
 
 // Options tune a Consumer.
@@ -61,7 +68,7 @@ type Consumer struct {
 	client  sarama.Client
 	group   sarama.ConsumerGroup
 	proc    Processor
-	dlq     *DLQ
+	dlq     Parker
 	opts    Options
 	metrics *metrics.Metrics
 	tracer  trace.Tracer
@@ -75,7 +82,7 @@ type Consumer struct {
 }
 
 // NewConsumer joins group opts.Group through client when Run is called.
-func NewConsumer(client sarama.Client, proc Processor, dlq *DLQ, opts Options, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) (*Consumer, error) {
+func NewConsumer(client sarama.Client, proc Processor, dlq Parker, opts Options, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) (*Consumer, error) {
 	group, err := sarama.NewConsumerGroupFromClient(opts.Group, client)
 	if err != nil {
 		return nil, err
@@ -327,7 +334,8 @@ func (p *partition) handle(batch []*message) {
 		}
 		results, err := p.c.proc.Process(p.work, msgs)
 
-		failed := cause(err)
+		retryAs := billing.RetryFor(err)
+		failed := retryAs.Cause
 		var again []*message
 		for i, r := range results {
 			m := pending[i]
@@ -357,11 +365,7 @@ func (p *partition) handle(batch []*message) {
 			retry.InitialInterval = 100 * time.Millisecond
 			retry.MaxInterval = 5 * time.Second
 		}
-		wait := retry.NextBackOff()
-		var te *payment.TransientError
-		if errors.As(err, &te) && te.RetryAfter > wait {
-			wait = te.RetryAfter
-		}
+		wait := max(retry.NextBackOff(), retryAs.After)
 		p.c.metrics.Retries.WithLabelValues(failed).Inc()
 		p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
 			"offset", again[0].msg.Offset, "trace_id", traceID(again[0].span), "messages", len(again),
@@ -454,13 +458,4 @@ func traceID(span trace.Span) string {
 		return sc.TraceID().String()
 	}
 	return ""
-}
-
-// cause names what an attempt failed on, for the retries metric.
-func cause(err error) string {
-	var te *payment.TransientError
-	if errors.As(err, &te) || errors.Is(err, billing.ErrAttemptBusy) {
-		return "payment"
-	}
-	return "database"
 }

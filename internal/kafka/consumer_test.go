@@ -19,6 +19,7 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/metrics"
@@ -138,7 +139,7 @@ func startMember(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, opts k
 	}
 	opts.Topic, opts.Group = b.Topic, b.Group
 	m := metrics.New(prometheus.NewRegistry())
-	c, err := kafka.NewConsumer(client, proc, kafka.NewDLQ(producer, b.DLQTopic, b.Group, 0), opts, m,
+	c, err := kafka.NewConsumer(client, proc, dlq.NewWriter(producer, b.DLQTopic, b.Group, 0), opts, m,
 		noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

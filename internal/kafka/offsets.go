@@ -48,10 +48,23 @@ func CommittedOffsets(client sarama.Client, group, topic string) (map[int32]int6
 		return out, nil
 	}
 	if err != nil {
+		// sarama looks the coordinator up again on "not coordinator" only;
+		// when the coordinator's broker died (Kafka moves the group to
+		// another one) the cached one would be asked for ever.
+		_ = client.RefreshCoordinator(group)
 		return nil, fmt.Errorf("committed offsets of %s: %w", group, err)
+	}
+	if resp.Err != sarama.ErrNoError && resp.Err != sarama.ErrGroupIDNotFound {
+		return nil, fmt.Errorf("committed offsets of %s: %w", group, resp.Err)
 	}
 	for _, p := range parts {
 		if b := resp.GetBlock(topic, p); b != nil {
+			// A partition's own error (e.g. the group is loading) would
+			// read as "nothing committed": a lag, a replay or a check
+			// from the start.
+			if b.Err != sarama.ErrNoError {
+				return nil, fmt.Errorf("committed offset of %s on %s/%d: %w", group, topic, p, b.Err)
+			}
 			out[p] = b.Offset
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
@@ -104,7 +105,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	defer producer.Close()
 	opts := options()
 	opts.Topic, opts.Group = b.Topic, b.Group
-	c, err := kafka.NewConsumer(cclient, proc, kafka.NewDLQ(producer, b.DLQTopic, b.Group, 0), opts, m, tp, log)
+	c, err := kafka.NewConsumer(cclient, proc, dlq.NewWriter(producer, b.DLQTopic, b.Group, 0), opts, m, tp, log)
 	if err != nil {
 		t.Fatal(err)
 	}

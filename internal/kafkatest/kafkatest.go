@@ -146,14 +146,7 @@ func ReadAll(t testing.TB, client sarama.Client, topic string) []*sarama.Consume
 }
 
 // Header returns the value of header key of m, or "".
-func Header(m *sarama.ConsumerMessage, key string) string {
-	for _, h := range m.Headers {
-		if string(h.Key) == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
+func Header(m *sarama.ConsumerMessage, key string) string { return kafka.Header(m.Headers, key) }
 
 // ResetOffsets commits offset for every partition of topic on behalf of
 // group, as if the group's earlier commits had been lost. The group must

@@ -1,4 +1,4 @@
-package kafka
+package dlq
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/kafka"
 )
 
 // HeaderReplayedFrom marks a republished message with where it was parked:
@@ -27,7 +28,7 @@ const HeaderReplayedFrom = "x-dlq-replayed-from"
 // replayConsumerConfig is the configuration of a replay's consumer group:
 // from the oldest offset, committing only when told to.
 func replayConsumerConfig(k config.Kafka) (*sarama.Config, error) {
-	cfg, err := NewConfig(k)
+	cfg, err := kafka.NewConfig(k)
 	if err != nil {
 		return nil, err
 	}
@@ -43,10 +44,10 @@ func replayConsumerConfig(k config.Kafka) (*sarama.Config, error) {
 	return cfg, nil
 }
 
-// replayProducerConfig is DLQProducerConfig's idempotent, acks=all producer
+// replayProducerConfig is ProducerConfig's idempotent, acks=all producer
 // that puts each message on the partition it names.
 func replayProducerConfig(k config.Kafka) (*sarama.Config, error) {
-	cfg, err := DLQProducerConfig(k)
+	cfg, err := ProducerConfig(k)
 	if err != nil {
 		return nil, err
 	}
@@ -195,23 +196,16 @@ type replayer struct {
 // now.
 func (r *replayer) ranges() (map[int32]replayRange, error) {
 	topic := r.opts.DLQTopic
-	if err := r.client.RefreshMetadata(topic); err != nil {
-		return nil, fmt.Errorf("dlq replay: metadata of %s: %w", topic, err)
-	}
-	parts, err := r.client.Partitions(topic)
+	ends, err := kafka.EndOffsets(r.client, topic)
 	if err != nil {
-		return nil, fmt.Errorf("dlq replay: partitions of %s: %w", topic, err)
+		return nil, fmt.Errorf("dlq replay: %w", err)
 	}
-	committed, err := r.committed(parts)
+	committed, err := kafka.CommittedOffsets(r.client, r.opts.Group, topic)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dlq replay: %w", err)
 	}
 	out := map[int32]replayRange{}
-	for _, p := range parts {
-		end, err := r.client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			return nil, fmt.Errorf("dlq replay: end offset of %s/%d: %w", topic, p, err)
-		}
+	for p, end := range ends {
 		oldest, err := r.client.GetOffset(topic, p, sarama.OffsetOldest)
 		if err != nil {
 			return nil, fmt.Errorf("dlq replay: oldest offset of %s/%d: %w", topic, p, err)
@@ -221,39 +215,6 @@ func (r *replayer) ranges() (map[int32]replayRange, error) {
 		start := max(committed[p], oldest)
 		if start < end {
 			out[p] = replayRange{start: start, end: end}
-		}
-	}
-	return out, nil
-}
-
-// committed returns Group's committed offset of each partition, -1 where
-// it has none.
-func (r *replayer) committed(parts []int32) (map[int32]int64, error) {
-	// Not closed: closing the admin would close the shared client.
-	admin, err := sarama.NewClusterAdminFromClient(r.client)
-	if err != nil {
-		return nil, fmt.Errorf("dlq replay: kafka admin: %w", err)
-	}
-	out := make(map[int32]int64, len(parts))
-	for _, p := range parts {
-		out[p] = -1
-	}
-	resp, err := admin.ListConsumerGroupOffsets(r.opts.Group, map[string][]int32{r.opts.DLQTopic: parts})
-	if errors.Is(err, sarama.ErrGroupIDNotFound) {
-		return out, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("dlq replay: committed offsets of group %s: %w", r.opts.Group, err)
-	}
-	if resp.Err != sarama.ErrNoError && resp.Err != sarama.ErrGroupIDNotFound {
-		return nil, fmt.Errorf("dlq replay: committed offsets of group %s: %w", r.opts.Group, resp.Err)
-	}
-	for _, p := range parts {
-		if b := resp.GetBlock(r.opts.DLQTopic, p); b != nil {
-			if b.Err != sarama.ErrNoError {
-				return nil, fmt.Errorf("dlq replay: committed offset of group %s on %s/%d: %w", r.opts.Group, r.opts.DLQTopic, p, b.Err)
-			}
-			out[p] = b.Offset
 		}
 	}
 	return out, nil
@@ -272,7 +233,7 @@ const (
 func (r *replayer) judge(m *sarama.ConsumerMessage) verdict {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.opts.Reason != "" && ReasonCode(headerValue(m, HeaderReason)) != r.opts.Reason {
+	if r.opts.Reason != "" && ReasonCode(kafka.Header(m.Headers, HeaderReason)) != r.opts.Reason {
 		r.skipped++
 		return replaySkip
 	}
@@ -320,7 +281,7 @@ func ReasonCode(reason string) string {
 // destination is where m goes back to: x-original-topic (or opts.Topic) and
 // x-original-partition when the topic still has it, else the key's hash.
 func (r *replayer) destination(m *sarama.ConsumerMessage) (string, int32, error) {
-	topic := headerValue(m, HeaderOriginalTopic)
+	topic := kafka.Header(m.Headers, HeaderOriginalTopic)
 	if topic == "" {
 		topic = r.opts.Topic
 	}
@@ -331,7 +292,7 @@ func (r *replayer) destination(m *sarama.ConsumerMessage) (string, int32, error)
 	if err != nil {
 		return "", 0, err
 	}
-	if p, err := strconv.ParseInt(headerValue(m, HeaderOriginalPartition), 10, 32); err == nil && p >= 0 && int32(p) < n {
+	if p, err := strconv.ParseInt(kafka.Header(m.Headers, HeaderOriginalPartition), 10, 32); err == nil && p >= 0 && int32(p) < n {
 		return topic, int32(p), nil
 	}
 	// Without a usable original partition, place it as a producer would.
@@ -371,37 +332,18 @@ func (r *replayer) partitionCount(topic string) (int32, error) {
 // For a reference (reason oversize) body is the original fetched back from
 // the source topic, and parked the reference; otherwise both are m.
 func republished(body, parked *sarama.ConsumerMessage, topic string, partition int32) *sarama.ProducerMessage {
-	m := body
-	headers := make([]sarama.RecordHeader, 0, len(m.Headers)+1)
-	for _, h := range m.Headers {
-		if h == nil || isDLQHeader(string(h.Key)) || strings.HasPrefix(string(h.Key), "x-dlq-") {
-			continue
-		}
-		headers = append(headers, *h)
-	}
-	headers = append(headers, sarama.RecordHeader{
+	headers := append(keptHeaders(body.Headers, isReplayDropped, 1), sarama.RecordHeader{
 		Key:   []byte(HeaderReplayedFrom),
 		Value: []byte(strconv.FormatInt(int64(parked.Partition), 10) + "/" + strconv.FormatInt(parked.Offset, 10)),
 	})
 	pm := &sarama.ProducerMessage{Topic: topic, Partition: partition, Headers: headers}
-	// nil stays nil: a parked tombstone goes back as a tombstone.
-	if m.Key != nil {
-		pm.Key = sarama.ByteEncoder(m.Key)
-	}
-	if m.Value != nil {
-		pm.Value = sarama.ByteEncoder(m.Value)
-	}
+	setBody(pm, body.Key, body.Value)
 	return pm
 }
 
-func headerValue(m *sarama.ConsumerMessage, key string) string {
-	for _, h := range m.Headers {
-		if h != nil && string(h.Key) == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
+// isReplayDropped names the headers a republished message loses: every
+// dead-letter one, x-dlq-replayed-from of an earlier replay among them.
+func isReplayDropped(k string) bool { return isDLQHeader(k) || strings.HasPrefix(k, "x-dlq-") }
 
 // dryRun reads the ranges with a plain consumer, outside the group, and
 // reports what a replay would republish.
@@ -443,7 +385,7 @@ func (r *replayer) dryRunPartition(ctx context.Context, consumer sarama.Consumer
 				if err != nil {
 					return err
 				}
-				r.report(Replayed{DLQPartition: p, DLQOffset: m.Offset, Key: m.Key, Reason: headerValue(m, HeaderReason), Topic: topic, Partition: partition})
+				r.report(Replayed{DLQPartition: p, DLQOffset: m.Offset, Key: m.Key, Reason: kafka.Header(m.Headers, HeaderReason), Topic: topic, Partition: partition})
 			}
 			if m.Offset+1 >= rg.end {
 				return nil
@@ -508,9 +450,9 @@ func (r *replayer) run(ctx context.Context, ranges map[int32]replayRange) error 
 		return cause
 	}
 	// The commits are the replay's memory; make sure they arrived.
-	committed, err := r.committed(sortedPartitions(ranges))
+	committed, err := kafka.CommittedOffsets(r.client, r.opts.Group, r.opts.DLQTopic)
 	if err != nil {
-		return err
+		return fmt.Errorf("dlq replay: %w", err)
 	}
 	for p, rg := range ranges {
 		if h.isDone(p) && committed[p] < rg.end {
@@ -578,7 +520,7 @@ func (h *replayHandler) watch(ctx context.Context, cancel context.CancelCauseFun
 		if !h.allDone(nil) {
 			// Partitions another replay holds: their committed offsets say
 			// whether it finished them.
-			c, err := h.r.committed(sortedPartitions(h.ranges))
+			c, err := kafka.CommittedOffsets(h.r.client, h.r.opts.Group, h.r.opts.DLQTopic)
 			if err != nil {
 				h.r.log.Warn("replay: cannot read the group's offsets", "err", err)
 				continue
@@ -677,7 +619,7 @@ func (h *replayHandler) republish(ctx context.Context, m *sarama.ConsumerMessage
 	if err != nil {
 		return err
 	}
-	reason := headerValue(m, HeaderReason)
+	reason := kafka.Header(m.Headers, HeaderReason)
 	body := m
 	if isReference(m) {
 		original, err := h.r.original(ctx, m)
@@ -704,9 +646,9 @@ func (h *replayHandler) republish(ctx context.Context, m *sarama.ConsumerMessage
 }
 
 // isReference reports whether m stands for an original too large to park
-// (DLQ.Park's reference).
+// (Writer.Park's reference).
 func isReference(m *sarama.ConsumerMessage) bool {
-	return ReasonCode(headerValue(m, HeaderReason)) == CodeOversize && headerValue(m, HeaderOriginalSHA256) != ""
+	return ReasonCode(kafka.Header(m.Headers, HeaderReason)) == CodeOversize && kafka.Header(m.Headers, HeaderOriginalSHA256) != ""
 }
 
 // goneError says why a reference's original cannot be fetched back.
@@ -718,9 +660,9 @@ func (e *goneError) Error() string { return e.msg }
 // topic, at the partition and offset it names, and checks its size and
 // SHA-256. It is gone when retention (or compaction) removed it.
 func (r *replayer) original(ctx context.Context, ref *sarama.ConsumerMessage) (*sarama.ConsumerMessage, error) {
-	topic := headerValue(ref, HeaderOriginalTopic)
-	part, perr := strconv.ParseInt(headerValue(ref, HeaderOriginalPartition), 10, 32)
-	off, oerr := strconv.ParseInt(headerValue(ref, HeaderOriginalOffset), 10, 64)
+	topic := kafka.Header(ref.Headers, HeaderOriginalTopic)
+	part, perr := strconv.ParseInt(kafka.Header(ref.Headers, HeaderOriginalPartition), 10, 32)
+	off, oerr := strconv.ParseInt(kafka.Header(ref.Headers, HeaderOriginalOffset), 10, 64)
 	if topic == "" || perr != nil || oerr != nil {
 		return nil, &goneError{fmt.Sprintf("reference %s/%d@%d does not name its original's topic, partition and offset", ref.Topic, ref.Partition, ref.Offset)}
 	}
@@ -750,8 +692,8 @@ func (r *replayer) original(ctx context.Context, ref *sarama.ConsumerMessage) (*
 	select {
 	case m := <-pc.Messages():
 		sum := sha256.Sum256(m.Value)
-		if m.Offset != off || strconv.Itoa(len(m.Value)) != headerValue(ref, HeaderOriginalSize) ||
-			hex.EncodeToString(sum[:]) != headerValue(ref, HeaderOriginalSHA256) {
+		if m.Offset != off || strconv.Itoa(len(m.Value)) != kafka.Header(ref.Headers, HeaderOriginalSize) ||
+			hex.EncodeToString(sum[:]) != kafka.Header(ref.Headers, HeaderOriginalSHA256) {
 			return nil, &goneError{fmt.Sprintf("%s is gone: the topic holds another message there now (offset %d, %d bytes, other SHA-256)", where, m.Offset, len(m.Value))}
 		}
 		return m, nil

@@ -1,4 +1,8 @@
-package kafka
+// Package dlq owns the dead-letter topic: parking a message that cannot be
+// processed as it is (Writer, its headers and reason codes), and replaying
+// parked messages once what made them fail is fixed (Replay, `billing dlq
+// replay`). Package kafka's consumer parks through a Writer.
+package dlq
 
 import (
 	"crypto/sha256"
@@ -11,6 +15,9 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/klauspost/compress/zstd"
+
+	"example.com/billing/internal/config"
+	"example.com/billing/internal/kafka"
 )
 
 // Dead-letter headers: why a message was parked and where it came from.
@@ -48,11 +55,11 @@ const referencePrefix = 1024
 // adds (a reason of up to maxReason bytes among them), rounded up.
 const recordOverhead = 4096
 
-// DefaultDLQMaxRecordBytes is Kafka's default max.message.bytes, assumed
+// DefaultMaxRecordBytes is Kafka's default max.message.bytes, assumed
 // when the dead-letter topic's own could not be read.
-const DefaultDLQMaxRecordBytes = 1048588
+const DefaultMaxRecordBytes = 1048588
 
-// DLQ parks messages that cannot be processed as they are in the
+// Writer parks messages that cannot be processed as they are in the
 // dead-letter topic, unchanged, with headers that say why.
 //
 // It parks every message the source topic accepted: a record that fits the
@@ -62,7 +69,7 @@ const DefaultDLQMaxRecordBytes = 1048588
 // with the original's position, size and SHA-256 and its first bytes, which
 // `billing dlq replay` resolves from the source topic. Retrying a message
 // that cannot fit would hold its partition for ever.
-type DLQ struct {
+type Writer struct {
 	producer sarama.SyncProducer
 	topic    string
 	group    string
@@ -76,20 +83,20 @@ type DLQ struct {
 	closeErr            error
 }
 
-// NewDLQ returns a DLQ that writes to topic through producer, which must be
+// NewWriter returns a Writer that writes to topic through producer, which must be
 // idempotent, wait for all in-sync replicas and compress with zstd
-// (DLQProducerConfig). maxRecordBytes is the topic's max.message.bytes
-// (DescribeTopic); 0 assumes DefaultDLQMaxRecordBytes.
-func NewDLQ(producer sarama.SyncProducer, topic, group string, maxRecordBytes int) *DLQ {
+// (ProducerConfig). maxRecordBytes is the topic's max.message.bytes
+// (DescribeTopic); 0 assumes DefaultMaxRecordBytes.
+func NewWriter(producer sarama.SyncProducer, topic, group string, maxRecordBytes int) *Writer {
 	if maxRecordBytes <= 0 {
-		maxRecordBytes = DefaultDLQMaxRecordBytes
+		maxRecordBytes = DefaultMaxRecordBytes
 	}
 	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1))
 	if err != nil {
 		panic(err) // only for invalid options, which these are not
 	}
-	return &DLQ{producer: producer, topic: topic, group: group,
-		maxRecord: maxRecordBytes, maxWhole: dlqMaxMessageBytes, zstd: enc}
+	return &Writer{producer: producer, topic: topic, group: group,
+		maxRecord: maxRecordBytes, maxWhole: maxMessageBytes, zstd: enc}
 }
 
 // Park writes m to the dead-letter topic and returns once the broker
@@ -97,7 +104,7 @@ func NewDLQ(producer sarama.SyncProducer, topic, group string, maxRecordBytes in
 // CodeOversize when only a reference fits. Key, value and the original
 // headers (trace context among them) are kept; dead-letter headers of an
 // earlier parking are replaced.
-func (d *DLQ) Park(m *sarama.ConsumerMessage, reason string) (string, error) {
+func (d *Writer) Park(m *sarama.ConsumerMessage, reason string) (string, error) {
 	if d.fits(m) {
 		_, _, err := d.producer.SendMessage(d.whole(m, reason))
 		if err == nil {
@@ -116,7 +123,7 @@ func (d *DLQ) Park(m *sarama.ConsumerMessage, reason string) (string, error) {
 
 // fits reports whether m, compressed, fits the dead-letter topic whole.
 // Only a message near or above the limit is compressed to find out.
-func (d *DLQ) fits(m *sarama.ConsumerMessage) bool {
+func (d *Writer) fits(m *sarama.ConsumerMessage) bool {
 	raw := len(m.Key) + len(m.Value) + headersSize(m.Headers)
 	switch {
 	case raw+recordOverhead <= d.maxRecord:
@@ -129,15 +136,9 @@ func (d *DLQ) fits(m *sarama.ConsumerMessage) bool {
 }
 
 // whole is m as it is, with the dead-letter headers.
-func (d *DLQ) whole(m *sarama.ConsumerMessage, reason string) *sarama.ProducerMessage {
+func (d *Writer) whole(m *sarama.ConsumerMessage, reason string) *sarama.ProducerMessage {
 	msg := &sarama.ProducerMessage{Topic: d.topic, Headers: d.headers(m, m.Headers, reason), Timestamp: m.Timestamp}
-	// nil stays nil: a tombstone is parked as a tombstone.
-	if m.Key != nil {
-		msg.Key = sarama.ByteEncoder(m.Key)
-	}
-	if m.Value != nil {
-		msg.Value = sarama.ByteEncoder(m.Value)
-	}
+	setBody(msg, m.Key, m.Value)
 	return msg
 }
 
@@ -145,7 +146,7 @@ func (d *DLQ) whole(m *sarama.ConsumerMessage, reason string) *sarama.ProducerMe
 // reason code oversize, the original's size and SHA-256, and the first
 // referencePrefix bytes of its value. Key and original headers are kept
 // when they are small, as they are in every message billing can decode.
-func (d *DLQ) reference(m *sarama.ConsumerMessage, reason string) *sarama.ProducerMessage {
+func (d *Writer) reference(m *sarama.ConsumerMessage, reason string) *sarama.ProducerMessage {
 	sum := sha256.Sum256(m.Value)
 	detail := fmt.Sprintf("%s: the message (%d bytes) exceeds the dead-letter topic's max.message.bytes (%d) even compressed: parked as a reference; `billing dlq replay` republishes the original from %s/%d@%d while that topic retains it. Parked for: %s",
 		CodeOversize, len(m.Key)+len(m.Value)+headersSize(m.Headers), d.maxRecord, m.Topic, m.Partition, m.Offset, reason)
@@ -167,24 +168,40 @@ func (d *DLQ) reference(m *sarama.ConsumerMessage, reason string) *sarama.Produc
 
 // headers are the original headers without dead-letter ones of an earlier
 // parking, then the contract's dead-letter headers.
-func (d *DLQ) headers(m *sarama.ConsumerMessage, original []*sarama.RecordHeader, reason string) []sarama.RecordHeader {
+func (d *Writer) headers(m *sarama.ConsumerMessage, original []*sarama.RecordHeader, reason string) []sarama.RecordHeader {
 	if len(reason) > maxReason {
 		reason = strings.ToValidUTF8(reason[:maxReason], "")
 	}
-	headers := make([]sarama.RecordHeader, 0, len(original)+7)
-	for _, h := range original {
-		if h == nil || isDLQHeader(string(h.Key)) {
-			continue
-		}
-		headers = append(headers, *h)
-	}
-	return append(headers,
+	return append(keptHeaders(original, isDLQHeader, 7),
 		sarama.RecordHeader{Key: []byte(HeaderReason), Value: []byte(reason)},
 		sarama.RecordHeader{Key: []byte(HeaderOriginalTopic), Value: []byte(m.Topic)},
 		sarama.RecordHeader{Key: []byte(HeaderOriginalPartition), Value: []byte(strconv.FormatInt(int64(m.Partition), 10))},
 		sarama.RecordHeader{Key: []byte(HeaderOriginalOffset), Value: []byte(strconv.FormatInt(m.Offset, 10))},
 		sarama.RecordHeader{Key: []byte(HeaderConsumerGroup), Value: []byte(d.group)},
 	)
+}
+
+// keptHeaders copies hs without nil entries and the headers drop names,
+// with room for extra more.
+func keptHeaders(hs []*sarama.RecordHeader, drop func(key string) bool, extra int) []sarama.RecordHeader {
+	out := make([]sarama.RecordHeader, 0, len(hs)+extra)
+	for _, h := range hs {
+		if h != nil && !drop(string(h.Key)) {
+			out = append(out, *h)
+		}
+	}
+	return out
+}
+
+// setBody sets pm's key and value. nil stays nil: a tombstone is parked,
+// and republished, as a tombstone, and a message without a key keeps none.
+func setBody(pm *sarama.ProducerMessage, key, value []byte) {
+	if key != nil {
+		pm.Key = sarama.ByteEncoder(key)
+	}
+	if value != nil {
+		pm.Value = sarama.ByteEncoder(value)
+	}
 }
 
 func headersSize(hs []*sarama.RecordHeader) int {
@@ -207,11 +224,33 @@ func tooLarge(err error) bool {
 
 // Close closes the producer, which fails a Park in progress; it may be
 // called more than once.
-func (d *DLQ) Close() error {
+func (d *Writer) Close() error {
 	d.closeOnce.Do(func() { d.closeErr = d.producer.Close() })
 	return d.closeErr
 }
 
 func isDLQHeader(k string) bool {
 	return k == HeaderReason || strings.HasPrefix(k, "x-original-") || k == HeaderConsumerGroup
+}
+
+// maxMessageBytes is the dead-letter producer's Producer.MaxMessageBytes,
+// which sarama compares with a record's uncompressed size. A record above it
+// is parked as a reference (see Writer); below it, whether it fits is up to
+// the dead-letter topic's max.message.bytes and the compression.
+const maxMessageBytes = 64 << 20
+
+// ProducerConfig is kafka.ProducerConfig for moving messages in and out of the
+// dead-letter topic. It must be able to park any message the source topic
+// accepted, or that partition would stall: sarama's own default of
+// 1,000,000 bytes is below Kafka's default max.message.bytes, and a value
+// that compressed well can be far larger than the topic's limit
+// uncompressed. (A general producer keeps sarama's limit: it also caps the
+// size of a batch, and a consumer holds a whole fetched batch in memory.)
+func ProducerConfig(k config.Kafka) (*sarama.Config, error) {
+	cfg, err := kafka.ProducerConfig(k)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Producer.MaxMessageBytes = maxMessageBytes
+	return cfg, nil
 }

@@ -1,4 +1,4 @@
-package kafka_test
+package dlq_test
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 )
@@ -24,7 +25,7 @@ type replayWorld struct {
 	t      *testing.T
 	b      *kafkatest.Broker
 	client sarama.Client // the tests' own: manual partitioner
-	dlq    *kafka.DLQ
+	dlq    *dlq.Writer
 }
 
 func newReplayWorld(t *testing.T, partitions int32) *replayWorld {
@@ -39,7 +40,7 @@ func newReplayWorld(t *testing.T, partitions int32) *replayWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.dlq = kafka.NewDLQ(producer, b.DLQTopic, b.Group, 0)
+	w.dlq = dlq.NewWriter(producer, b.DLQTopic, b.Group, 0)
 	t.Cleanup(func() { w.dlq.Close() })
 	return w
 }
@@ -89,15 +90,15 @@ func (w *replayWorld) park(ps ...parked) []*sarama.ConsumerMessage {
 	return out
 }
 
-func (w *replayWorld) run(opts kafka.ReplayOptions) (kafka.ReplayReport, []kafka.Replayed, error) {
+func (w *replayWorld) run(opts dlq.ReplayOptions) (dlq.ReplayReport, []dlq.Replayed, error) {
 	w.t.Helper()
 	opts.DLQTopic, opts.Topic = w.b.DLQTopic, w.b.Topic
 	if opts.Group == "" {
 		opts.Group = w.b.Group + ".replay"
 	}
-	var listed []kafka.Replayed
-	opts.OnMessage = func(r kafka.Replayed) { listed = append(listed, r) }
-	rep, err := kafka.Replay(context.Background(), w.kafka(), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var listed []dlq.Replayed
+	opts.OnMessage = func(r dlq.Replayed) { listed = append(listed, r) }
+	rep, err := dlq.Replay(context.Background(), w.kafka(), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	return rep, listed, err
 }
 
@@ -146,7 +147,7 @@ func TestReplay_FiltersByReasonAndRepublishesUnchanged(t *testing.T) {
 	topicEnd := kafkatest.EndOffsets(t, w.client, w.b.Topic)
 
 	// A dry run lists, and publishes and commits nothing.
-	rep, listed, err := w.run(kafka.ReplayOptions{Reason: "provider-rejected", DryRun: true})
+	rep, listed, err := w.run(dlq.ReplayOptions{Reason: "provider-rejected", DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +170,7 @@ func TestReplay_FiltersByReasonAndRepublishesUnchanged(t *testing.T) {
 
 	// The real run republishes the provider-rejected ones to their
 	// partitions, key, value and headers kept, the DLQ's headers dropped.
-	rep, listed, err = w.run(kafka.ReplayOptions{Reason: "provider-rejected"})
+	rep, listed, err = w.run(dlq.ReplayOptions{Reason: "provider-rejected"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestReplay_FiltersByReasonAndRepublishesUnchanged(t *testing.T) {
 				from = fmt.Sprintf("%d/%d", d.Partition, d.Offset)
 			}
 		}
-		want := append(headers(orig), kafka.HeaderReplayedFrom+"="+from)
+		want := append(headers(orig), dlq.HeaderReplayedFrom+"="+from)
 		if !slices.Equal(headers(m), want) {
 			t.Errorf("key %s: headers %v, want %v", orig.Key, headers(m), want)
 		}
@@ -213,7 +214,7 @@ func TestReplay_FiltersByReasonAndRepublishesUnchanged(t *testing.T) {
 
 	// A second run finds nothing left.
 	end := kafkatest.EndOffsets(t, w.client, w.b.Topic)
-	rep, _, err = w.run(kafka.ReplayOptions{Reason: "provider-rejected"})
+	rep, _, err = w.run(dlq.ReplayOptions{Reason: "provider-rejected"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +223,7 @@ func TestReplay_FiltersByReasonAndRepublishesUnchanged(t *testing.T) {
 	}
 
 	// Another group sees everything again; a tombstone stays a tombstone.
-	rep, _, err = w.run(kafka.ReplayOptions{Group: "another"})
+	rep, _, err = w.run(dlq.ReplayOptions{Group: "another"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +250,7 @@ func TestReplay_MaxAndResume(t *testing.T) {
 	w.park(ps...)
 	end := kafkatest.EndOffsets(t, w.client, w.b.Topic)
 
-	rep, _, err := w.run(kafka.ReplayOptions{Max: 2, DryRun: true})
+	rep, _, err := w.run(dlq.ReplayOptions{Max: 2, DryRun: true})
 	if err != nil || rep.Replayed != 2 || !rep.MaxReached {
 		t.Fatalf("dry run --max 2: %+v, %v", rep, err)
 	}
@@ -257,7 +258,7 @@ func TestReplay_MaxAndResume(t *testing.T) {
 		replayed int
 		max      bool
 	}{{2, true}, {2, true}, {1, false}, {0, false}} {
-		rep, _, err := w.run(kafka.ReplayOptions{Max: 2})
+		rep, _, err := w.run(dlq.ReplayOptions{Max: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -279,11 +280,11 @@ func TestReplay_FailureIsResumedWithoutRepublishing(t *testing.T) {
 	w.park(parked{msg(0, "1", `{"n":1}`), "provider-rejected: x"})
 	// A parked message whose origin no longer exists stops the run.
 	kafkatest.Produce(t, w.client, w.b.DLQTopic, msg(0, "2", `{"n":2}`,
-		kafka.HeaderReason, "provider-rejected: x", kafka.HeaderOriginalTopic, "gone"))
+		dlq.HeaderReason, "provider-rejected: x", dlq.HeaderOriginalTopic, "gone"))
 	end := kafkatest.EndOffsets(t, w.client, w.b.Topic)
 
 	for range 2 {
-		rep, _, err := w.run(kafka.ReplayOptions{})
+		rep, _, err := w.run(dlq.ReplayOptions{})
 		if err == nil || !strings.Contains(err.Error(), "gone") {
 			t.Fatalf("err = %v, want the missing topic named", err)
 		}
@@ -304,10 +305,10 @@ func TestReplay_ConcurrentRunsRepublishEachOnce(t *testing.T) {
 	end := kafkatest.EndOffsets(t, w.client, w.b.Topic)
 
 	var wg sync.WaitGroup
-	reps := make([]kafka.ReplayReport, 2)
+	reps := make([]dlq.ReplayReport, 2)
 	errs := make([]error, 2)
 	for i := range 2 {
-		wg.Go(func() { reps[i], _, errs[i] = w.run(kafka.ReplayOptions{}) })
+		wg.Go(func() { reps[i], _, errs[i] = w.run(dlq.ReplayOptions{}) })
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -338,7 +339,7 @@ func TestReasonCode(t *testing.T) {
 		" stale-event : x: y":           "stale-event",
 		"":                              "",
 	} {
-		if got := kafka.ReasonCode(in); got != want {
+		if got := dlq.ReasonCode(in); got != want {
 			t.Errorf("ReasonCode(%q) = %q, want %q", in, got, want)
 		}
 	}

@@ -1,0 +1,11 @@
+package dlq_test
+
+import (
+	"testing"
+
+	"example.com/billing/internal/kafkatest"
+)
+
+// TestMain stops the Apache Kafka cluster the tests shared, if they
+// started one (see kafkatest.Start).
+func TestMain(m *testing.M) { kafkatest.Main(m) }
