@@ -23,6 +23,7 @@ import (
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/wait"
 )
 
 // These tests exercise the consumer's offset and lane logic against a real
@@ -282,7 +283,7 @@ func TestConsumer_AFailingKeyHoldsOnlyItsOwnLane(t *testing.T) {
 	if got := kafkatest.Committed(t, client, b.Group, b.Topic)[0]; got > 0 {
 		t.Fatalf("committed offset %d passed the failing message at 0", got)
 	}
-	eventually(t, 5*time.Second, "the failing key's retries counted", func() bool {
+	wait.For(t, 5*time.Second, "the failing key's retries counted", func() bool {
 		return testutil.ToFloat64(mb.metrics.Retries.WithLabelValues("database")) > 0
 	})
 	outage.Store(false)
@@ -317,9 +318,9 @@ func TestConsumer_RevocationMidFlightLosesNothing(t *testing.T) {
 	opts.DrainTimeout = time.Second
 
 	a := startMember(t, b, rec, opts, "")
-	eventually(t, 10*time.Second, "first member busy", func() bool { return a.consumer.Ready() && rec.inFlight.Load() > 0 })
+	wait.For(t, 10*time.Second, "first member busy", func() bool { return a.consumer.Ready() && rec.inFlight.Load() > 0 })
 	bm := startMember(t, b, rec, opts, "")
-	eventually(t, 20*time.Second, "second member assigned", func() bool {
+	wait.For(t, 20*time.Second, "second member assigned", func() bool {
 		return testutil.ToFloat64(bm.metrics.Rebalances.WithLabelValues("assigned")) >= 1
 	})
 	if got := testutil.ToFloat64(a.metrics.Rebalances.WithLabelValues("revoked")); got < 1 {
@@ -347,7 +348,7 @@ func TestConsumer_StaticMemberRestartDoesNotRebalanceTheOthers(t *testing.T) {
 	rec := newRecorder()
 	a := startMember(t, b, rec, options(), "pod-a")
 	other := startMember(t, b, rec, options(), "pod-b")
-	eventually(t, 20*time.Second, "both members assigned", func() bool {
+	wait.For(t, 20*time.Second, "both members assigned", func() bool {
 		return testutil.ToFloat64(a.metrics.Rebalances.WithLabelValues("assigned")) >= 1 &&
 			testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("assigned")) >= 1 &&
 			testutil.ToFloat64(a.metrics.Rebalances.WithLabelValues("assigned"))+testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("assigned"))-
@@ -360,7 +361,7 @@ func TestConsumer_StaticMemberRestartDoesNotRebalanceTheOthers(t *testing.T) {
 	// within the session timeout.
 	a.stop(t)
 	a2 := startMember(t, b, rec, options(), "pod-a")
-	eventually(t, 20*time.Second, "pod-a back with its partitions", func() bool {
+	wait.For(t, 20*time.Second, "pod-a back with its partitions", func() bool {
 		return a2.consumer.Ready() && testutil.ToFloat64(a2.metrics.Rebalances.WithLabelValues("assigned")) >= 1
 	})
 	time.Sleep(time.Second)
@@ -369,16 +370,5 @@ func TestConsumer_StaticMemberRestartDoesNotRebalanceTheOthers(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(other.metrics.Rebalances.WithLabelValues("assigned")); got != assigned {
 		t.Errorf("pod-b was assigned %v more partitions during pod-a's restart, want none", got-assigned)
-	}
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
