@@ -215,17 +215,9 @@ func (c *pgCluster) close() {
 
 // createDatabase creates database name in the cluster.
 func (c *pgCluster) createDatabase(name string) error {
-	db, err := postgres.Open(c.URL("postgres"), 1)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-		return err
-	}
-	_, err = db.ExecContext(ctx, "CREATE DATABASE "+name)
+	_, err := postgres.Recreate(ctx, c.URL("postgres"), name)
 	return err
 }
 

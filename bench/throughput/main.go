@@ -33,7 +33,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,9 +44,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
@@ -55,6 +51,7 @@ import (
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/postgres"
 )
 
@@ -239,19 +236,7 @@ func startBroker(kind string, nodes int) (*broker, error) {
 	started := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	wd, err := os.Getwd()
-	if err != nil {
-		return nil, err
-	}
-	root, err := apachekafka.ModuleRoot(wd)
-	if err != nil {
-		return nil, err
-	}
-	cache, err := apachekafka.DefaultCacheDir()
-	if err != nil {
-		return nil, err
-	}
-	jars, err := apachekafka.Jars(ctx, filepath.Join(root, apachekafka.POM), cache)
+	jars, err := apachekafka.PinnedJars(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -481,11 +466,11 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 	if err != nil {
 		return res, err
 	}
-	res.p50 = quantile(families["billing_event_latency_seconds"], 0.5)
-	res.p99 = quantile(families["billing_event_latency_seconds"], 0.99)
-	res.proc50 = quantile(families["billing_event_processing_seconds"], 0.5)
-	res.proc99 = quantile(families["billing_event_processing_seconds"], 0.99)
-	res.txEvents = mean(families["billing_transaction_events"])
+	res.p50 = families.Histograms["billing_event_latency_seconds"].Quantile(0.5)
+	res.p99 = families.Histograms["billing_event_latency_seconds"].Quantile(0.99)
+	res.proc50 = families.Histograms["billing_event_processing_seconds"].Quantile(0.5)
+	res.proc99 = families.Histograms["billing_event_processing_seconds"].Quantile(0.99)
+	res.txEvents = mean(families.Histograms["billing_transaction_events"])
 	st := psp.Stats()
 	res.doubleOrder = st.OrdersChargedTwice
 	res.requests, res.peakPerSecond, res.rateLimited = st.Requests, st.PeakPerSecond, st.RateLimited
@@ -512,28 +497,12 @@ func caughtUp(client sarama.Client, n kafkaNames, end map[int32]int64) (bool, er
 // freshDatabase creates database name on server (dropping a leftover of an
 // earlier run) and returns its URL and a function that drops it.
 func freshDatabase(server, name string) (string, func(), error) {
-	admin, err := postgres.Open(server, 1)
+	ctx := context.Background()
+	dsn, err := postgres.Recreate(ctx, server, name)
 	if err != nil {
 		return "", nil, err
 	}
-	if _, err := admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`); err != nil {
-		admin.Close()
-		return "", nil, err
-	}
-	if _, err := admin.Exec(`CREATE DATABASE ` + name); err != nil {
-		admin.Close()
-		return "", nil, err
-	}
-	u, err := url.Parse(server)
-	if err != nil {
-		admin.Close()
-		return "", nil, err
-	}
-	u.Path = "/" + name
-	return u.String(), func() {
-		_, _ = admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
-		admin.Close()
-	}, nil
+	return dsn, func() { _ = postgres.Drop(ctx, server, name) }, nil
 }
 
 func waitReady(addr string, timeout time.Duration) error {
@@ -550,14 +519,8 @@ func waitReady(addr string, timeout time.Duration) error {
 	return errors.New("serve not ready")
 }
 
-func scrape(addr string) (map[string]*dto.MetricFamily, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	return parser.TextToMetricFamilies(resp.Body)
+func scrape(addr string) (metrics.Snapshot, error) {
+	return metrics.Scrape(context.Background(), "http://"+addr+"/metrics")
 }
 
 // cpuTime is the user+system CPU time of process pid so far.
@@ -759,40 +722,7 @@ func goVersion() string {
 	return strings.TrimSpace(string(out))
 }
 
-// quantile estimates the q-quantile of a histogram family's first series by
-// linear interpolation inside its buckets, as Prometheus's
-// histogram_quantile does.
-func quantile(f *dto.MetricFamily, q float64) float64 {
-	if f == nil || len(f.GetMetric()) == 0 {
-		return math.NaN()
-	}
-	h := f.GetMetric()[0].GetHistogram()
-	total := float64(h.GetSampleCount())
-	if total == 0 {
-		return math.NaN()
-	}
-	rank := q * total
-	lower, below := 0.0, 0.0
-	for _, b := range h.GetBucket() {
-		upper, count := b.GetUpperBound(), float64(b.GetCumulativeCount())
-		if count >= rank {
-			if math.IsInf(upper, 1) {
-				return lower
-			}
-			return lower + (upper-lower)*(rank-below)/(count-below)
-		}
-		lower, below = upper, count
-	}
-	return lower
-}
-
-// mean is a histogram's sum divided by its count.
-func mean(f *dto.MetricFamily) float64 {
-	if f == nil || len(f.GetMetric()) == 0 {
-		return math.NaN()
-	}
-	h := f.GetMetric()[0].GetHistogram()
-	return h.GetSampleSum() / float64(h.GetSampleCount())
-}
+// mean is a histogram's sum divided by its count: NaN when empty.
+func mean(h metrics.Histogram) float64 { return h.Sum / h.Count }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
