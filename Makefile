@@ -31,7 +31,7 @@ demo: build
 
 ## test: every test, with the race detector, against the local PostgreSQL
 ## and KAFKA_TEST_BROKER (default: Apache Kafka where Java and Maven are
-## installed, else the embedded kfake broker; see README "Testing")
+## installed, else the embedded kfake broker; see docs/testing.md)
 test:
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd deploy/check && $(GO) test -count=1 ./...
@@ -46,9 +46,9 @@ test-kfake:
 kafka:
 	$(GO) run ./internal/apachekafka/cmd/kafkajars
 
-## chaos: the fault-injection suite (see README): real serve processes, a
+## chaos: the fault-injection suite (docs/testing.md): real serve processes, a
 ## throwaway PostgreSQL cluster, fakepsp, and a three-broker Apache Kafka
-## cluster (~8 min on 2 cores; the default where Java and Maven are
+## cluster (~10 min on 2 cores; the default where Java and Maven are
 ## installed, and under CI=true) or the embedded kfake broker
 ## (CHAOS_BROKER=kfake, ~5 min). broker-faults runs on kfake only;
 ## leader-kill-9, coordinator-kill-9, rolling-restart and broker-pause on

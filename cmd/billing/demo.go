@@ -195,7 +195,7 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 	fmt.Fprintf(d.stdout, "  broker    %s (embedded kfake, in memory, not Apache Kafka; %s with %d partitions)\n",
 		d.broker.Addr(), d.kafkaCfg.Topic, o.partitions)
 	// The broker is new, so is the group. Where a group starts matters
-	// once a topic has history: README, KAFKA_GROUP_ID.
+	// once a topic has history: README.md, "Configuration".
 	fmt.Fprintf(d.stdout, "  group     %s (new: starts from the oldest offset of %s)\n", d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
 
 	d.psp, err = startFakePSP("127.0.0.1:0", fakepsp.Options{DeclineEvery: o.declineEvery, Latency: o.latency, Seed: o.seed})
