@@ -80,7 +80,7 @@ type PaymentLimits struct {
 	// MaxConcurrency bounds the provider requests in flight, whole process.
 	// Sized for a provider answering in 500 ms: 1,024 in flight carry about
 	// 2,000 charges a second.
-	MaxConcurrency int `env:"PAYMENT_MAX_CONCURRENCY" envDefault:"1024" help:"provider requests in flight, whole process (sized for a provider at 500 ms: ~2,000 charges/s)"`
+	MaxConcurrency int `env:"PAYMENT_MAX_CONCURRENCY" envDefault:"1024" help:"provider requests in flight, whole process (at 500 ms a provider answer, up to ~2,000 charges/s; partitions × CONSUMER_LANES × CONSUMER_BATCH_MAX bound it too: BENCHMARKS.md)"`
 	// MaxRPS bounds the provider requests per second, whole process (a
 	// token bucket); 0 is unlimited.
 	MaxRPS float64 `env:"PAYMENT_MAX_RPS" envDefault:"0" help:"provider requests per second, whole process (token bucket); 0 is unlimited; set it to the provider's limit (Stripe: 100)"`
