@@ -40,6 +40,9 @@ type scenario struct {
 	latency time.Duration
 	events  int
 	env     []string // extra environment of serve
+	// valueBytes, when > 0, makes the scenario a backlog of large values
+	// (valid JSON, not events: parked) instead of loadgen's mix.
+	valueBytes int
 	// rateLimit, when > 0, makes the fake provider answer 429 beyond that
 	// many requests a second, as a provider's rate limit does.
 	rateLimit int
@@ -96,6 +99,8 @@ func run() error {
 		baseline   = flag.String("baseline", "", "an earlier billing binary to sweep beside -binary (label: -baseline-label)")
 		baseLabel  = flag.String("baseline-label", "billing (baseline)", "the baseline's name in the tables")
 		svgPath    = flag.String("svg", "", "write the sweep's events/s against latency as an SVG image to this file")
+		backlog    = flag.Int("backlog", 0, "instead of the sweep: a backlog of this many large values with distinct keys (-value-bytes each), for peak RSS")
+		valueBytes = flag.Int("value-bytes", 900_000, "size of each -backlog value")
 		rps        = flag.Bool("rps", true, "also run billing with PAYMENT_MAX_RPS=100 against a provider limited to 100 requests/s")
 	)
 	flag.Parse()
@@ -123,6 +128,15 @@ func run() error {
 	}
 	designs = append(designs, design{label: "seed design", binary: *binary, env: seedEnv, events: capped(*seedEvents, 3, 100)})
 	var scenarios []scenario
+	if *backlog > 0 {
+		// Peak RSS of a backlog of large messages: billing, and the
+		// baseline when given, each with its defaults.
+		for _, d := range designs[:len(designs)-1] {
+			scenarios = append(scenarios, scenario{name: fmt.Sprintf("%s, backlog %d × %d bytes", d.label, *backlog, *valueBytes),
+				binary: d.binary, events: *backlog, valueBytes: *valueBytes, env: d.env})
+		}
+		latencies, *rps = nil, false
+	}
 	for _, l := range latencies {
 		for _, d := range designs {
 			scenarios = append(scenarios, scenario{name: scenarioName(d.label, l), binary: d.binary, latency: l, events: d.events(l), env: d.env})
@@ -170,7 +184,9 @@ func run() error {
 	}
 	printTable(results, pgTPS)
 	for _, b := range brokers {
-		printSweep(designs, latencies, results, b.name)
+		if len(latencies) > 0 {
+			printSweep(designs, latencies, results, b.name)
+		}
 	}
 	if *svgPath != "" && len(brokers) > 0 {
 		if err := writeSweepSVG(*svgPath, designs, latencies, results, brokers[0].name); err != nil {

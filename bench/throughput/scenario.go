@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -58,20 +59,30 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 	if err != nil {
 		return res, err
 	}
-	producer, err := sarama.NewAsyncProducer(kcfg.Brokers, pcfg)
-	if err != nil {
-		return res, err
+	// A large-message backlog is not a loadgen mix: each value is a JSON
+	// object of sc.valueBytes that is not an event (parked, not charged).
+	wantCharges := int64(0)
+	if sc.valueBytes > 0 {
+		if res.produced, err = produceLarge(kcfg, pcfg, names.topic, sc.events, sc.valueBytes); err != nil {
+			return res, err
+		}
+	} else {
+		producer, err := sarama.NewAsyncProducer(kcfg.Brokers, pcfg)
+		if err != nil {
+			return res, err
+		}
+		gen, err := loadgen.New(loadgen.Options{Count: sc.events, Duplicates: 0.1, Seed: 1})
+		if err != nil {
+			return res, err
+		}
+		pub, err := loadgen.Publish(context.Background(), producer, gen, loadgen.PublishOptions{Topic: names.topic})
+		producer.Close()
+		if err != nil {
+			return res, err
+		}
+		res.produced = pub.Produced
+		wantCharges = int64(gen.Expected().Unique)
 	}
-	gen, err := loadgen.New(loadgen.Options{Count: sc.events, Duplicates: 0.1, Seed: 1})
-	if err != nil {
-		return res, err
-	}
-	pub, err := loadgen.Publish(context.Background(), producer, gen, loadgen.PublishOptions{Topic: names.topic})
-	producer.Close()
-	if err != nil {
-		return res, err
-	}
-	res.produced = pub.Produced
 	client, err := sarama.NewClient(kcfg.Brokers, sarama.NewConfig())
 	if err != nil {
 		return res, err
@@ -157,8 +168,8 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 	st := psp.Stats()
 	res.doubleOrder = st.OrdersChargedTwice
 	res.requests, res.peakPerSecond, res.rateLimited = st.Requests, st.PeakPerSecond, st.RateLimited
-	if st.ChargesCreated != int64(gen.Expected().Unique) {
-		return res, fmt.Errorf("provider created %d charges for %d unique events", st.ChargesCreated, gen.Expected().Unique)
+	if st.ChargesCreated != wantCharges {
+		return res, fmt.Errorf("provider created %d charges for %d unique events", st.ChargesCreated, wantCharges)
 	}
 	return res, nil
 }
@@ -235,4 +246,24 @@ func peakRSS(pid int) (int64, error) {
 		}
 	}
 	return 0, errors.New("no VmHWM")
+}
+
+// produceLarge publishes count values of size bytes with distinct keys:
+// valid JSON but not events, zstd-compressed on the wire as a producer may,
+// so that the broker takes them and billing holds them whole.
+func produceLarge(k config.Kafka, cfg *sarama.Config, topic string, count, size int) (int, error) {
+	cfg.Producer.MaxMessageBytes = size + 1<<20
+	producer, err := sarama.NewSyncProducer(k.Brokers, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer producer.Close()
+	value := append(append([]byte(`{"pad":"`), bytes.Repeat([]byte("x"), size-10)...), `"}`...)
+	for i := range count {
+		msg := &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(fmt.Sprintf("large-%d", i)), Value: sarama.ByteEncoder(value)}
+		if _, _, err := producer.SendMessage(msg); err != nil {
+			return i, fmt.Errorf("produce large message %d: %w", i, err)
+		}
+	}
+	return count, nil
 }

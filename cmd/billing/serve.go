@@ -243,6 +243,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 		Lanes:              cfg.Consumer.Lanes,
 		BatchMax:           cfg.Consumer.BatchMax,
 		MaxInFlight:        cfg.Consumer.MaxInFlight,
+		MaxInFlightBytes:   cfg.Consumer.MaxInFlightBytes,
 		DrainTimeout:       cfg.Consumer.DrainTimeout,
 		CommitEveryMessage: cfg.Consumer.CommitEveryMessage,
 	}, m, tp, log)

@@ -235,6 +235,9 @@ func (c *Consumer) Validate() error {
 	if c.MaxInFlight < 0 || c.MaxInFlight > 100000 {
 		errs.add("MAX_IN_FLIGHT", "%d is outside 0..100000", c.MaxInFlight)
 	}
+	if c.MaxInFlightBytes < 1<<20 || c.MaxInFlightBytes > 64<<30 {
+		errs.add("MAX_IN_FLIGHT_BYTES", "%d is outside 1 MiB..64 GiB", c.MaxInFlightBytes)
+	}
 	if c.Lanes < 1 || c.Lanes > 1024 {
 		errs.add("CONSUMER_LANES", "%d is outside 1..1024", c.Lanes)
 	}
@@ -251,6 +254,7 @@ func (c *Consumer) Validate() error {
 func (c Consumer) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.Int("max_in_flight", c.MaxInFlight),
+		slog.Int64("max_in_flight_bytes", c.MaxInFlightBytes),
 		slog.Int("lanes", c.Lanes),
 		slog.Int("batch_max", c.BatchMax),
 		slog.Duration("drain_timeout", c.DrainTimeout),

@@ -109,6 +109,11 @@ type Consumer struct {
 	// finished, per instance. 0 means 2 × PAYMENT_MAX_CONCURRENCY (Load
 	// fills it in).
 	MaxInFlight int `env:"MAX_IN_FLIGHT" envDefault:"0" help:"messages taken off partitions and not yet finished, per instance; 0: 2 × PAYMENT_MAX_CONCURRENCY"`
+	// MaxInFlightBytes bounds the same messages in bytes (keys and
+	// values): a backlog of large messages must not take more memory than
+	// the deployment has. A single message larger than it is still taken,
+	// alone.
+	MaxInFlightBytes int64 `env:"MAX_IN_FLIGHT_BYTES" envDefault:"67108864" help:"bytes (keys and values) of the messages taken off partitions and not yet finished, per instance; taking waits while they are all taken, and a message larger than it is processed alone. sarama's fetch buffers come on top (BENCHMARKS.md)"`
 	// Lanes is the number of key-ordered lanes per partition: messages with
 	// different keys run concurrently, messages with one key in order. A
 	// lane waits for the provider with its batch, so lanes × batch per

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +47,10 @@ type Options struct {
 	// MaxInFlight bounds messages taken off partitions and not yet finished,
 	// across all partitions of this instance: back-pressure on fetching.
 	MaxInFlight int
+	// MaxInFlightBytes bounds the same messages in bytes of keys and
+	// values; one message larger than it is still taken, alone. 0 means
+	// no bound.
+	MaxInFlightBytes int64
 	// DrainTimeout bounds how long in-flight work may go on after a
 	// partition is revoked or the consumer stops.
 	DrainTimeout time.Duration
@@ -70,6 +75,7 @@ type Consumer struct {
 	log     *slog.Logger
 
 	tokens chan struct{} // one per message in flight
+	bytes  atomic.Int64  // keys and values of the messages in flight
 	ready  atomic.Bool   // holds a group session
 
 	mu    sync.Mutex
@@ -81,6 +87,9 @@ func NewConsumer(client sarama.Client, proc Processor, dlq Parker, opts Options,
 	group, err := sarama.NewConsumerGroupFromClient(opts.Group, client)
 	if err != nil {
 		return nil, err
+	}
+	if opts.MaxInFlightBytes <= 0 {
+		opts.MaxInFlightBytes = math.MaxInt64
 	}
 	return &Consumer{
 		client:  client,

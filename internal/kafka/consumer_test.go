@@ -372,3 +372,56 @@ func TestConsumer_StaticMemberRestartDoesNotRebalanceTheOthers(t *testing.T) {
 		t.Errorf("pod-b was assigned %v more partitions during pod-a's restart, want none", got-assigned)
 	}
 }
+
+// sizer is a processor that keeps each batch a while and records the most
+// value bytes it held at once.
+type sizer struct{ inFlight, peak atomic.Int64 }
+
+func (s *sizer) Process(ctx context.Context, msgs []billing.Message) ([]billing.Result, error) {
+	var n int64
+	for _, m := range msgs {
+		n += int64(len(m.Value))
+	}
+	cur := s.inFlight.Add(n)
+	defer s.inFlight.Add(-n)
+	for {
+		p := s.peak.Load()
+		if cur <= p || s.peak.CompareAndSwap(p, cur) {
+			break
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	results := make([]billing.Result, len(msgs))
+	for i := range results {
+		results[i].Outcome = billing.Charged
+	}
+	return results, nil
+}
+
+// MaxInFlightBytes bounds what is taken off the partitions in bytes: with
+// 8 lanes of 4 messages, 200 KB messages would put 6.4 MB in flight; a
+// 1 MiB budget lets at most one message more than fits through.
+func TestConsumer_InFlightBytesAreBounded(t *testing.T) {
+	b := kafkatest.Start(t, 1)
+	client := kafkatest.Client(t, b.Addr())
+	const size, count, budget = 200_000, 40, 1 << 20
+	var msgs []kafkatest.Message
+	for i := range count {
+		value := []byte(strings.Repeat(strconv.Itoa(i%10), size))
+		msgs = append(msgs, kafkatest.Message{Key: []byte("k" + strconv.Itoa(i)), Value: value})
+	}
+	for _, m := range msgs { // one at a time: a batch of them would exceed the broker's limit
+		kafkatest.Produce(t, client, b.Topic, m)
+	}
+	proc := &sizer{}
+	opts := options()
+	opts.MaxInFlightBytes = budget
+	startMember(t, b, proc, opts, "")
+	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 60*time.Second)
+	if got := proc.peak.Load(); got > budget+size {
+		t.Errorf("%d bytes of messages were being processed at once, want at most %d (MaxInFlightBytes %d plus one message)", got, budget+size, budget)
+	}
+	if got := proc.peak.Load(); got < 2*size {
+		t.Errorf("at most %d bytes at once: the budget let fewer than two messages through", got)
+	}
+}

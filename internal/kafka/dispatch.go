@@ -17,7 +17,11 @@ type message struct {
 	msg   *sarama.ConsumerMessage
 	taken time.Time
 	span  trace.Span
+	size  int64 // key and value bytes, counted in Consumer.bytes until finished
 }
+
+// sizeOf is what a message counts against MaxInFlightBytes.
+func sizeOf(m *sarama.ConsumerMessage) int64 { return int64(len(m.Key) + len(m.Value)) }
 
 // dispatch hands the claim's messages to the lanes until the claim ends.
 //
@@ -27,7 +31,11 @@ type message struct {
 // to end. Messages wait in a queue per lane until their lane has room and an
 // in-flight slot is free; a lane whose key keeps failing therefore holds back
 // only its own messages. When too many messages wait, fetching of the
-// partition is paused until they drain, which bounds memory.
+// partition is paused until they drain, which bounds memory in messages;
+// while the messages in flight on all partitions hold MaxInFlightBytes,
+// it takes no more off the claim, which bounds in bytes what billing
+// holds. (What sarama holds is on top: its channel buffer and its decoded
+// fetch responses; see BENCHMARKS.md on compressed large messages.)
 func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
 	done := p.sess.Context().Done()
 	queues := make([][]*message, len(p.lanes))
@@ -43,11 +51,23 @@ func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
 			for _, m := range q {
 				m.span.SetStatus(codes.Error, "abandoned: the partition was released before it was processed")
 				m.span.End()
+				p.c.bytes.Add(-m.size)
 			}
 		}
 	}()
 
+	var overBytes <-chan time.Time // ticks while the byte budget is spent
 	for {
+		// Take messages off the claim only while the byte budget has room
+		// (a message larger than the whole budget goes when nothing else
+		// is in flight). Finished messages free bytes on any partition, so
+		// a full budget is looked at again every few milliseconds.
+		in := messages
+		overBytes = nil
+		if spent := p.c.bytes.Load(); spent > 0 && spent >= p.c.opts.MaxInFlightBytes {
+			in = nil
+			overBytes = time.After(5 * time.Millisecond)
+		}
 		// A lane that has waiting messages and room in its queue can take
 		// one as soon as an in-flight slot frees up.
 		ready := -1
@@ -64,7 +84,7 @@ func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
 		}
 
 		select {
-		case m, ok := <-messages:
+		case m, ok := <-in:
 			if !ok {
 				return
 			}
@@ -86,6 +106,7 @@ func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
 				paused = false
 			}
 		case <-p.room:
+		case <-overBytes:
 		case <-done:
 			return
 		}
@@ -106,5 +127,7 @@ func (p *partition) take(m *sarama.ConsumerMessage) *message {
 		opts = append(opts, trace.WithLinks(trace.LinkFromContext(parent)))
 	}
 	_, span := p.c.tracer.Start(parent, p.topic+" process", opts...)
-	return &message{msg: m, taken: time.Now(), span: span}
+	size := sizeOf(m)
+	p.c.bytes.Add(size)
+	return &message{msg: m, taken: time.Now(), span: span, size: size}
 }

@@ -244,6 +244,7 @@ func (p *partition) finish(m *message, r billing.Result) {
 			p.sess.Commit()
 		}
 	}
+	p.c.bytes.Add(-m.size)
 	<-p.c.tokens
 }
 
@@ -262,6 +263,7 @@ func (p *partition) abandon(ms []*message) {
 	for _, m := range ms {
 		m.span.SetStatus(codes.Error, "abandoned: the partition was released; its next owner processes it")
 		m.span.End()
+		p.c.bytes.Add(-m.size)
 		<-p.c.tokens
 	}
 }
