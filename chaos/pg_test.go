@@ -128,11 +128,10 @@ func (c *pgCluster) start() error {
 		"-c", "log_min_messages=warning",
 	)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	exited := make(chan struct{})
+	if err := startOnOwnThread(cmd, func(error) { close(exited) }); err != nil {
 		return fmt.Errorf("start postgres: %w", err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
 	c.postgres, c.exited = cmd, exited
 
 	deadline := time.Now().Add(60 * time.Second)

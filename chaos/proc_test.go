@@ -56,17 +56,18 @@ func startProc(name, logPath string, env map[string]string, stdout io.Writer, ar
 	}
 	// The process dies with the suite, even when a timeout kills the suite.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, logPath: logPath, started: time.Now(), done: make(chan struct{})}
-	go func() {
-		p.exitErr = cmd.Wait()
+	p := &proc{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	err = startOnOwnThread(cmd, func(err error) {
+		p.exitErr = err
 		p.exitedAt = time.Now()
 		logf.Close()
 		close(p.done)
-	}()
+	})
+	if err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p.started = time.Now()
 	return p, nil
 }
 
