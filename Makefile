@@ -12,8 +12,9 @@ BIN       := bin/billing
 help:
 	@awk '/^## [a-z-]+:/ { sub(/^## /, ""); print; next } /^## / { sub(/^## /, "    "); print }' $(MAKEFILE_LIST)
 
-## ci: what CI runs on a clean clone (.ci/run): PostgreSQL, make lint, make
-## test, make test-kfake, make fuzz and make chaos, with each stage's time
+## ci: what CI runs on a clean clone (.ci/run): PostgreSQL, make kafka, make
+## lint, make test, make test-kfake, make fuzz and make chaos, with each
+## stage's time (docs/testing.md)
 ci:
 	bash .ci/run
 

@@ -129,9 +129,9 @@ func watchSession(ctx context.Context, ready func() bool, log *slog.Logger, brok
 // logStart says where the consumer group starts reading. A group without
 // committed offsets starts at the oldest offset of every partition: the
 // whole topic is processed again. processed_event is per group, so its
-// events are claimed again; an order already charged is not charged twice
-// (outcome already_charged), but every invalid message is parked in the
-// dead-letter topic once more. A new KAFKA_GROUP_ID next to an existing
+// events are claimed again; an event whose charge attempt is settled is not
+// sent to the provider again (outcome duplicate), but every invalid message
+// is parked in the dead-letter topic once more. A new KAFKA_GROUP_ID next to an existing
 // one is a decision to make knowingly.
 func logStart(client sarama.Client, k config.Kafka, log *slog.Logger) {
 	committed, err := kafka.CommittedOffsets(client, k.GroupID, k.Topic)

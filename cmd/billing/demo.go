@@ -456,9 +456,9 @@ func recreateDatabase(ctx context.Context, serverURL, name string) (string, erro
 func noDatabaseError(serverURL string, err error) error {
 	return fmt.Errorf(`no PostgreSQL answers at %s (%v).
 
-The demo needs a PostgreSQL server (13 or newer) on which it may create a
+The demo needs a PostgreSQL server (15; 14 or newer works) on which it may create a
 database of its own (billing_demo). Start one, for example:
-  docker run -d --name billing-pg -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:16
+  docker run -d --name billing-pg -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:15
   sudo apt-get install postgresql    (then set a password for the postgres role)
 or point the demo at a server you have:
   DATABASE_URL='postgres://USER:PASSWORD@HOST:5432/postgres?sslmode=disable' make demo`,
