@@ -29,9 +29,11 @@ func sizeOf(m *sarama.ConsumerMessage) int64 { return int64(len(m.Key) + len(m.V
 // claim (a revocation closes messages) even when every in-flight slot is
 // taken or a lane is stuck retrying: revocation must not wait for an outage
 // to end. Messages wait in a queue per lane until their lane has room and an
-// in-flight slot is free; a lane whose key keeps failing therefore holds back
-// only its own messages. When too many messages wait, fetching of the
-// partition is paused until they drain, which bounds memory in messages;
+// in-flight slot is free. A lane keeps taking messages while one of its keys
+// waits for a retry (it sets that key's messages aside), so a key that keeps
+// failing holds back only its own messages, not its lane or its partition.
+// When too many messages wait, fetching of the partition is paused until
+// they drain, which bounds memory in messages;
 // while the messages in flight on all partitions hold MaxInFlightBytes,
 // it takes no more off the claim, which bounds in bytes what billing
 // holds. (What sarama holds is on top: its channel buffer and its decoded

@@ -97,27 +97,242 @@ func laneOf(key []byte, lanes int) int {
 	return int(h.Sum32() % uint32(lanes))
 }
 
-func (p *partition) runLane(lane <-chan *message) {
+// held is a key of a lane whose oldest unfinished message failed for a
+// reason outside the event (an outage) and waits to be tried again. The
+// key's later messages wait behind it, in offset order; the lane's other
+// keys go on.
+type held struct {
+	msgs   []*message // msgs[0] is tried again at at
+	at     time.Time
+	trying bool // msgs[0] is in the batch being settled
+	// retry is shared by the keys that failed in the same attempt, so that
+	// keys failing together (a database outage) are retried together, in
+	// one batch, and back off as one.
+	retry *backoff.ExponentialBackOff
+	tries int // attempts of msgs[0] so far
+}
+
+// lane runs one lane: it takes batches of its keys' messages, settles them,
+// and sets a key aside when its message must be retried, so that one failing
+// key holds back only its own messages.
+type lane struct {
+	p     *partition
+	in    <-chan *message
+	held  map[string]*held
+	count int        // messages in held
+	due   []*message // scratch space of next
+}
+
+func (p *partition) runLane(in <-chan *message) {
+	l := &lane{p: p, in: in, held: make(map[string]*held)}
 	batch := make([]*message, 0, p.c.opts.BatchMax)
-	for m := range lane {
-		batch = append(batch[:0], m)
+	for {
+		batch, open := l.next(batch[:0])
+		if p.isStopped() || !open {
+			l.abandon(batch)
+			return
+		}
+		l.settle(batch)
+	}
+}
+
+// next fills batch with the messages to try now: messages off the lane's
+// queue (setting aside those of held keys), then the held keys whose retry
+// is due. It blocks until there is one, and reports false when the queue
+// is closed or the claim ended.
+//
+// The retried messages go last: a processor that stops at a failing event
+// and leaves the rest of the batch pending (as a transaction does) then
+// settles the new messages before it meets the failing one again, instead
+// of failing them with it.
+func (l *lane) next(batch []*message) ([]*message, bool) {
+	for {
+		now := time.Now()
+		var wake time.Time
+		due := l.due[:0]
+		for _, h := range l.held {
+			switch {
+			case h.trying:
+			case !h.at.After(now) && len(due) < cap(batch):
+				h.trying = true
+				due = append(due, h.msgs[0])
+			case wake.IsZero() || h.at.Before(wake):
+				wake = h.at
+			}
+		}
+		l.due = due
+		open := true
 	fill:
-		for len(batch) < cap(batch) {
+		for len(batch)+len(due) < cap(batch) {
 			select {
-			case m, ok := <-lane:
+			case m, ok := <-l.in:
 				if !ok {
+					open = false
 					break fill
 				}
-				batch = append(batch, m)
+				l.took()
+				batch = l.admit(batch, m)
 			default:
 				break fill
 			}
 		}
-		select { // the dispatcher may be waiting for room in this lane
-		case p.room <- struct{}{}:
-		default:
+		batch = append(batch, due...)
+		if len(batch) > 0 || !open {
+			return batch, open
 		}
-		p.handle(batch)
+
+		var timer <-chan time.Time
+		if !wake.IsZero() {
+			timer = time.After(time.Until(wake))
+		}
+		select {
+		case m, ok := <-l.in:
+			if !ok {
+				return batch, false
+			}
+			l.took()
+			batch = l.admit(batch, m) // and fill the batch from the top
+		case <-timer:
+		case <-l.p.stopped:
+			return batch, false
+		}
+	}
+}
+
+// admit adds m to batch, or to its key's held messages when the key waits
+// for a retry: one key's messages are settled in offset order.
+func (l *lane) admit(batch []*message, m *message) []*message {
+	if h, ok := l.held[string(m.msg.Key)]; ok {
+		h.msgs = append(h.msgs, m)
+		l.hold(1)
+		return batch
+	}
+	return append(batch, m)
+}
+
+// took tells the dispatcher, which may be waiting for room in this lane's
+// queue, that a message left it.
+func (l *lane) took() {
+	select {
+	case l.p.room <- struct{}{}:
+	default:
+	}
+}
+
+func (l *lane) hold(n int) {
+	l.count += n
+	l.p.c.metrics.Retrying.Add(float64(n))
+}
+
+// settle tries batch once: finished messages are counted and marked (a
+// held key's next message is then due at once); messages billing left
+// pending set their key aside until a retry with exponential backoff and
+// jitter.
+func (l *lane) settle(batch []*message) {
+	p := l.p
+	msgs := make([]billing.Message, len(batch))
+	for i, m := range batch {
+		msgs[i] = billing.Message{Value: m.msg.Value, Trace: m.span.SpanContext(), ID: p.messageID(m.msg)}
+	}
+	results, err := p.c.proc.Process(p.work, msgs)
+
+	retryAs := billing.RetryFor(err)
+	failed := retryAs.Cause
+	var again []*message
+	for i, r := range results {
+		m := batch[i]
+		switch r.Outcome {
+		case billing.Pending:
+			again = append(again, m)
+			continue
+		case billing.Parked:
+			code, perr := p.c.dlq.Park(m.msg, r.Reason())
+			if perr != nil {
+				err, failed = errors.Join(err, perr), "dlq"
+				again = append(again, m)
+				continue
+			}
+			if code != r.Code { // parked as a reference: say so, and why it was parked
+				r.Code, r.Detail = code, r.Reason()
+			}
+		}
+		p.finish(m, r)
+		l.release(m)
+	}
+	if len(again) == 0 {
+		return
+	}
+
+	// The keys that failed together back off together, on the backoff of
+	// the longest-failing of them.
+	var retry *backoff.ExponentialBackOff
+	tries := 0
+	for _, m := range again {
+		if h, ok := l.held[string(m.msg.Key)]; ok && h.msgs[0] == m && h.tries > tries {
+			retry, tries = h.retry, h.tries
+		}
+	}
+	if retry == nil {
+		retry = backoff.NewExponentialBackOff()
+		retry.InitialInterval = 100 * time.Millisecond
+		retry.MaxInterval = 5 * time.Second
+	}
+	wait := max(retry.NextBackOff(), retryAs.After)
+	at := time.Now().Add(wait)
+	for _, m := range again {
+		key := string(m.msg.Key)
+		h, ok := l.held[key]
+		switch {
+		case !ok:
+			h = &held{msgs: []*message{m}}
+			l.held[key] = h
+			l.hold(1)
+		case h.msgs[0] != m:
+			// A later message of a key that failed earlier in this batch:
+			// it waits behind it. Messages admitted since are later still.
+			h.msgs = append(h.msgs, nil)
+			copy(h.msgs[2:], h.msgs[1:])
+			h.msgs[1] = m
+			l.hold(1)
+			continue
+		}
+		h.at, h.retry, h.tries, h.trying = at, retry, h.tries+1, false
+	}
+	p.c.metrics.Retries.WithLabelValues(failed).Inc()
+	p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
+		"offset", again[0].msg.Offset, "trace_id", traceID(again[0].span), "messages", len(again),
+		"keys_held", len(l.held), "attempt", tries+1, "retry_in", wait, "err", err)
+}
+
+// release ends m's hold on its key, if it held it: the key's next message
+// is due at once.
+func (l *lane) release(m *message) {
+	key := string(m.msg.Key)
+	h, ok := l.held[key]
+	if !ok || h.msgs[0] != m {
+		return
+	}
+	l.hold(-1)
+	h.msgs[0] = nil
+	h.msgs = h.msgs[1:]
+	if len(h.msgs) == 0 {
+		delete(l.held, key)
+		return
+	}
+	h.at, h.retry, h.tries, h.trying = time.Time{}, nil, 0, false
+}
+
+// abandon gives up the lane's messages when the claim ends: batch, the held
+// keys' messages and whatever is still queued.
+func (l *lane) abandon(batch []*message) {
+	l.p.abandon(batch)
+	for key, h := range l.held {
+		l.p.abandon(h.msgs)
+		l.hold(-len(h.msgs))
+		delete(l.held, key)
+	}
+	for m := range l.in {
+		l.p.abandon([]*message{m})
 	}
 }
 
@@ -126,81 +341,6 @@ func (p *partition) isStopped() bool {
 	case <-p.stopped:
 		return true
 	default:
-		return false
-	}
-}
-
-// handle settles a batch, retrying what failed for reasons outside the
-// events with exponential backoff and jitter, until it is finished or the
-// claim ends.
-func (p *partition) handle(batch []*message) {
-	pending := batch
-	var retry *backoff.ExponentialBackOff
-	for attempt := 1; ; attempt++ {
-		if p.isStopped() {
-			p.abandon(pending)
-			return
-		}
-		msgs := make([]billing.Message, len(pending))
-		for i, m := range pending {
-			msgs[i] = billing.Message{Value: m.msg.Value, Trace: m.span.SpanContext(), ID: p.messageID(m.msg)}
-		}
-		results, err := p.c.proc.Process(p.work, msgs)
-
-		retryAs := billing.RetryFor(err)
-		failed := retryAs.Cause
-		var again []*message
-		for i, r := range results {
-			m := pending[i]
-			switch r.Outcome {
-			case billing.Pending:
-				again = append(again, m)
-				continue
-			case billing.Parked:
-				code, perr := p.c.dlq.Park(m.msg, r.Reason())
-				if perr != nil {
-					err, failed = errors.Join(err, perr), "dlq"
-					again = append(again, m)
-					continue
-				}
-				if code != r.Code { // parked as a reference: say so, and why it was parked
-					r.Code, r.Detail = code, r.Reason()
-				}
-			}
-			p.finish(m, r)
-		}
-		if len(again) == 0 {
-			return
-		}
-
-		if retry == nil {
-			retry = backoff.NewExponentialBackOff()
-			retry.InitialInterval = 100 * time.Millisecond
-			retry.MaxInterval = 5 * time.Second
-		}
-		wait := max(retry.NextBackOff(), retryAs.After)
-		p.c.metrics.Retries.WithLabelValues(failed).Inc()
-		p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
-			"offset", again[0].msg.Offset, "trace_id", traceID(again[0].span), "messages", len(again),
-			"attempt", attempt, "retry_in", wait, "err", err)
-		if !p.wait(wait, len(again)) {
-			p.abandon(again)
-			return
-		}
-		pending = again
-	}
-}
-
-// wait sleeps d unless the claim ends first; it reports whether to go on.
-func (p *partition) wait(d time.Duration, messages int) bool {
-	p.c.metrics.Retrying.Add(float64(messages))
-	defer p.c.metrics.Retrying.Sub(float64(messages))
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-p.stopped:
 		return false
 	}
 }

@@ -77,7 +77,7 @@ type Metrics struct {
 	Lag *prometheus.GaugeVec
 	// Retries counts retried attempts by cause (database, payment, dlq).
 	Retries *prometheus.CounterVec
-	// Retrying is the number of messages currently waiting to be retried.
+	// Retrying is the number of messages waiting for a retry of their key.
 	Retrying prometheus.Gauge
 	// Rebalances counts partitions assigned and revoked.
 	Rebalances *prometheus.CounterVec
@@ -180,7 +180,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"cause"}),
 		Retrying: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "billing_messages_retrying",
-			Help: "Messages currently held for retry.",
+			Help: "Messages held for retry: those that failed for a reason outside the event and wait to be tried again, and the later messages of their keys waiting behind them.",
 		}),
 		Rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_partitions_rebalanced_total",
