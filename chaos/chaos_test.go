@@ -42,6 +42,7 @@ var scenarios = []scenario{
 	{name: "kill-9-mid-charge", consumers: 3, count: 2000, rate: 150, latency: 400 * time.Millisecond, inject: injectKillsMidCharge},
 	{name: "provider-brownout", consumers: 3, count: 6000, rate: 150, latency: 5 * time.Millisecond, inject: injectBrownout},
 	{name: "oversize", consumers: 3, count: 3000, rate: 200, latency: 5 * time.Millisecond, inject: injectOversize},
+	{name: "stuck-key", consumers: 3, count: 6000, rate: 300, latency: 5 * time.Millisecond, inject: injectStuckKeys},
 	{name: "combined", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectCombined},
 }
 

@@ -430,11 +430,18 @@ func (c *Cluster) config(n *Node) map[string]string {
 	return cfg
 }
 
-// clusterID returns a random Kafka cluster id: 16 bytes, URL-safe base64.
+// clusterID returns a random Kafka cluster id: 16 bytes, URL-safe base64,
+// not starting with '-' (as Kafka's Uuid.randomUuid): kafka-storage format
+// takes "--cluster-id -x..." for a missing argument, which failed one chaos
+// run in 64.
 func clusterID() string {
 	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return base64.RawURLEncoding.EncodeToString(b)
+	for {
+		_, _ = rand.Read(b)
+		if id := base64.RawURLEncoding.EncodeToString(b); id[0] != '-' {
+			return id
+		}
+	}
 }
 
 // freePorts returns n distinct free loopback ports. They are free when

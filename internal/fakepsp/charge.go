@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -150,7 +151,7 @@ func (s *Server) admit(key, authorization string, req chargeRequest, reqErr erro
 	case reqErr != nil:
 		s.stats.BadRequests++
 		a.answer = errorAnswer(http.StatusBadRequest, "invalid_request_error", reqErr.Error())
-	case s.draw(s.opts.FailRate):
+	case s.draw(s.opts.FailRate) || slices.Contains(s.opts.FailOrders, req.OrderID):
 		s.stats.InjectedFailures++
 		a.answer = errorAnswer(http.StatusServiceUnavailable, "api_error", "injected failure")
 	case seen && e.req != req:

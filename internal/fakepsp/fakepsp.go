@@ -15,8 +15,8 @@
 //     Retry-After: 1, nothing stored;
 //  3. APIKey set and Authorization missing or wrong: 401, nothing stored;
 //  4. malformed request: 400, nothing stored;
-//  5. injected failure (FailRate): 503, nothing stored, so a retry with the
-//     same key creates the outcome;
+//  5. injected failure (FailRate, or an order of FailOrders): 503, nothing
+//     stored, so a retry with the same key creates the outcome;
 //  6. key already used with a different body: 422, even while in flight,
 //     since retrying cannot fix it;
 //  7. key in flight: 409;
@@ -56,6 +56,10 @@ type Options struct {
 	Latency time.Duration `json:"latency"`
 	// FailRate is the probability of answering 503 without doing anything.
 	FailRate float64 `json:"failRate"`
+	// FailOrders are orders whose every charge request is answered 503
+	// without doing anything, as long as they are listed: a key stuck on a
+	// provider error among others that go through.
+	FailOrders []int64 `json:"failOrders,omitempty"`
 	// ResetRate is the probability of creating and storing a charge and then
 	// closing the connection without answering ("provider said 200,
 	// connection reset"). Declines are always answered.
@@ -121,7 +125,7 @@ type Stats struct {
 	Mismatches         int64 `json:"mismatches"`         // 422
 	BadRequests        int64 `json:"badRequests"`        // 400
 	Unauthorized       int64 `json:"unauthorized"`       // 401
-	InjectedFailures   int64 `json:"injectedFailures"`   // 503 from FailRate
+	InjectedFailures   int64 `json:"injectedFailures"`   // 503 from FailRate or FailOrders
 	DownRejections     int64 `json:"downRejections"`     // 503 while down
 	RateLimited        int64 `json:"rateLimited"`        // 429 from RateLimit
 	Resets             int64 `json:"resets"`             // connections closed after charging
@@ -210,6 +214,7 @@ func (s *Server) setOptions(opts Options, keepAPIKey bool) {
 	if keepAPIKey {
 		opts.APIKey = s.opts.APIKey
 	}
+	opts.FailOrders = slices.Clone(opts.FailOrders)
 	s.opts = opts
 	s.rng = rng
 }

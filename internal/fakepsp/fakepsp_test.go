@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -394,6 +395,24 @@ func TestInjectedFailure(t *testing.T) {
 	wantStats(t, psp, fakepsp.Stats{Requests: 3, DistinctKeys: 1, ChargesCreated: 1, Replays: 1, InjectedFailures: 1})
 }
 
+func TestFailOrders_FailsOnlyTheListedOrdersWhileListed(t *testing.T) {
+	t.Parallel()
+	psp, ts := start(t, fakepsp.Options{})
+	wantStatus(t, call(t, ts, http.MethodPut, "/_faults", `{"failOrders":[7]}`), http.StatusOK)
+
+	r := charge(t, ts, "key-7", chargeBody(7, 1, 100, "EUR"))
+	wantStatus(t, r, http.StatusServiceUnavailable)
+	wantErrorType(t, r, "api_error")
+	wantStatus(t, charge(t, ts, "key-8", chargeBody(8, 1, 100, "EUR")), http.StatusOK)
+	wantStats(t, psp, fakepsp.Stats{Requests: 2, DistinctKeys: 1, ChargesCreated: 1, InjectedFailures: 1})
+
+	wantStatus(t, call(t, ts, http.MethodPut, "/_faults", `{}`), http.StatusOK)
+	wantStatus(t, charge(t, ts, "key-7", chargeBody(7, 1, 100, "EUR")), http.StatusOK)
+	if n := len(psp.Charges()); n != 2 {
+		t.Errorf("%d charges, want 2", n)
+	}
+}
+
 func TestResetAfterCharging(t *testing.T) {
 	t.Parallel()
 	psp, ts := start(t, fakepsp.Options{ResetRate: 1})
@@ -711,7 +730,7 @@ func TestFaults(t *testing.T) {
 		}
 		return decode[fakepsp.Options](t, r.body)
 	}
-	if got, want := getFaults(t), (fakepsp.Options{DeclineEvery: 5, Seed: 9}); got != want {
+	if got, want := getFaults(t), (fakepsp.Options{DeclineEvery: 5, Seed: 9}); !reflect.DeepEqual(got, want) {
 		t.Errorf("faults = %+v, want %+v", got, want)
 	}
 
@@ -719,10 +738,10 @@ func TestFaults(t *testing.T) {
 	r := call(t, ts, http.MethodPut, "/_faults", `{"failRate":1,"latency":1000000}`)
 	wantStatus(t, r, http.StatusOK)
 	want := fakepsp.Options{FailRate: 1, Latency: time.Millisecond}
-	if got := decode[fakepsp.Options](t, r.body); got != want {
+	if got := decode[fakepsp.Options](t, r.body); !reflect.DeepEqual(got, want) {
 		t.Errorf("PUT answered %+v, want %+v", got, want)
 	}
-	if got := getFaults(t); got != want {
+	if got := getFaults(t); !reflect.DeepEqual(got, want) {
 		t.Errorf("faults = %+v, want %+v", got, want)
 	}
 	wantStatus(t, charge(t, ts, "key-1", validBody), http.StatusUnauthorized)
@@ -742,7 +761,7 @@ func TestFaults(t *testing.T) {
 		wantStatus(t, r, http.StatusBadRequest)
 		wantErrorType(t, r, "invalid_request_error")
 	}
-	if got := getFaults(t); got != want {
+	if got := getFaults(t); !reflect.DeepEqual(got, want) {
 		t.Errorf("faults after rejected PUTs = %+v, want %+v", got, want)
 	}
 

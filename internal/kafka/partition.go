@@ -6,11 +6,13 @@ package kafka
 // feeds the lanes from the claim.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -105,6 +107,9 @@ type held struct {
 	msgs   []*message // msgs[0] is tried again at at
 	at     time.Time
 	trying bool // msgs[0] is in the batch being settled
+	// first: msgs[0] was the first message its attempt left pending, the
+	// likely cause of the others' failing with it; it goes last next time.
+	first bool
 	// retry is shared by the keys that failed in the same attempt, so that
 	// keys failing together (a database outage) are retried together, in
 	// one batch, and back off as one.
@@ -160,6 +165,12 @@ func (l *lane) next(batch []*message) ([]*message, bool) {
 				wake = h.at
 			}
 		}
+		// Of the retried messages, the first to fail last time go last:
+		// the others, pending only because they were behind it, get
+		// through.
+		slices.SortStableFunc(due, func(a, b *message) int {
+			return cmp.Compare(l.failedFirst(a), l.failedFirst(b))
+		})
 		l.due = due
 		open := true
 	fill:
@@ -197,6 +208,15 @@ func (l *lane) next(batch []*message) ([]*message, bool) {
 			return batch, false
 		}
 	}
+}
+
+// failedFirst is 1 for a retried message that was the first its last attempt
+// left pending, else 0.
+func (l *lane) failedFirst(m *message) int {
+	if h := l.held[string(m.msg.Key)]; h != nil && h.first {
+		return 1
+	}
+	return 0
 }
 
 // admit adds m to batch, or to its key's held messages when the key waits
@@ -296,7 +316,7 @@ func (l *lane) settle(batch []*message) {
 			l.hold(1)
 			continue
 		}
-		h.at, h.retry, h.tries, h.trying = at, retry, h.tries+1, false
+		h.at, h.retry, h.tries, h.trying, h.first = at, retry, h.tries+1, false, m == again[0]
 	}
 	p.c.metrics.Retries.WithLabelValues(failed).Inc()
 	p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
