@@ -32,6 +32,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/IBM/sarama"
 )
 
 type scenario struct {
@@ -43,6 +45,8 @@ type scenario struct {
 	// valueBytes, when > 0, makes the scenario a backlog of large values
 	// (valid JSON, not events: parked) instead of loadgen's mix.
 	valueBytes int
+	// compression is the codec the backlog's values are produced with.
+	compression sarama.CompressionCodec
 	// rateLimit, when > 0, makes the fake provider answer 429 beyond that
 	// many requests a second, as a provider's rate limit does.
 	rateLimit int
@@ -101,6 +105,7 @@ func run() error {
 		svgPath    = flag.String("svg", "", "write the sweep's events/s against latency as an SVG image to this file")
 		backlog    = flag.Int("backlog", 0, "instead of the sweep: a backlog of this many large values with distinct keys (-value-bytes each), for peak RSS")
 		valueBytes = flag.Int("value-bytes", 900_000, "size of each -backlog value")
+		codec      = flag.String("compression", "zstd", "codec of the -backlog values: none, gzip, snappy, lz4 or zstd")
 		rps        = flag.Bool("rps", true, "also run billing with PAYMENT_MAX_RPS=100 against a provider limited to 100 requests/s")
 	)
 	flag.Parse()
@@ -128,12 +133,16 @@ func run() error {
 	}
 	designs = append(designs, design{label: "seed design", binary: *binary, env: seedEnv, events: capped(*seedEvents, 3, 100)})
 	var scenarios []scenario
+	var compression sarama.CompressionCodec
+	if err := compression.UnmarshalText([]byte(*codec)); err != nil {
+		return fmt.Errorf("-compression: %w", err)
+	}
 	if *backlog > 0 {
 		// Peak RSS of a backlog of large messages: billing, and the
 		// baseline when given, each with its defaults.
 		for _, d := range designs[:len(designs)-1] {
-			scenarios = append(scenarios, scenario{name: fmt.Sprintf("%s, backlog %d × %d bytes", d.label, *backlog, *valueBytes),
-				binary: d.binary, events: *backlog, valueBytes: *valueBytes, env: d.env})
+			scenarios = append(scenarios, scenario{name: fmt.Sprintf("%s, backlog %d × %d bytes (%s)", d.label, *backlog, *valueBytes, compression),
+				binary: d.binary, events: *backlog, valueBytes: *valueBytes, compression: compression, env: d.env})
 		}
 		latencies, *rps = nil, false
 	}

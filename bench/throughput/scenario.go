@@ -63,6 +63,7 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 	// object of sc.valueBytes that is not an event (parked, not charged).
 	wantCharges := int64(0)
 	if sc.valueBytes > 0 {
+		pcfg.Producer.Compression = sc.compression
 		if res.produced, err = produceLarge(kcfg, pcfg, names.topic, sc.events, sc.valueBytes); err != nil {
 			return res, err
 		}

@@ -101,6 +101,7 @@ func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
 			// The only sender on this lane's queue: it has room, so this
 			// send does not block.
 			p.lanes[ready] <- queues[ready][0]
+			queues[ready][0] = nil // the backing array must not keep it alive
 			queues[ready] = queues[ready][1:]
 			next = ready + 1
 			if waiting--; paused && waiting <= limit/2 {

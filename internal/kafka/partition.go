@@ -138,6 +138,7 @@ func (p *partition) runLane(in <-chan *message) {
 			return
 		}
 		l.settle(batch)
+		clear(batch) // finished messages must not stay alive in the reused array
 	}
 }
 
@@ -188,6 +189,7 @@ func (l *lane) next(batch []*message) ([]*message, bool) {
 			}
 		}
 		batch = append(batch, due...)
+		clear(due)
 		if len(batch) > 0 || !open {
 			return batch, open
 		}
