@@ -114,7 +114,7 @@ var ErrAttemptBusy = errors.New("its charge attempt is in flight in another lane
 func (p *Processor) round(ctx context.Context, results []Result, idx []int) ([]int, error) {
 	pl, err := p.claim(ctx, results, idx)
 	if err != nil {
-		return nil, err
+		return nil, refusal(err)
 	}
 	if len(pl.calls) == 0 {
 		return p.deferred(results, idx, pl), nil

@@ -221,9 +221,20 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 		valid = append(valid, i)
 	}
 
+	errs := p.decide(ctx, results, valid)
+	if err := p.announceParked(ctx, results); err != nil {
+		errs = append(errs, err)
+	}
+	return results, errors.Join(errs...)
+}
+
+// decide runs rounds of claim → charge → settle for the events
+// results[valid] until each is decided or left Pending for the caller's
+// retry, and returns why events were left Pending.
+func (p *Processor) decide(ctx context.Context, results []Result, valid []int) []error {
 	var errs []error
 	for rounds := 0; len(valid) > 0; rounds++ {
-		if rounds > len(msgs) {
+		if rounds > len(results) {
 			// Other partitions keep putting attempts in front of these
 			// events' orders: leave them to the caller's retry.
 			errs = append(errs, fmt.Errorf("%d events still wait behind other attempts of their orders", len(valid)))
@@ -238,15 +249,26 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 				continue
 			}
 		}
+		var refused *refusedError
+		if errors.As(err, &refused) {
+			// Waiting will not change a constraint the claim broke. Alone,
+			// the event that broke it is parked; in a batch, each event
+			// is decided alone to find it.
+			if len(valid) == 1 {
+				results[valid[0]].park(CodeInvalidEvent, refused.Error())
+				break
+			}
+			for _, i := range valid {
+				errs = append(errs, p.decide(ctx, results, []int{i})...)
+			}
+			break
+		}
 		if err != nil {
 			errs = append(errs, err)
 		}
 		valid = next
 	}
-	if err := p.announceParked(ctx, results); err != nil {
-		errs = append(errs, err)
-	}
-	return results, errors.Join(errs...)
+	return errs
 }
 
 // announceParked records a payment.failed.v1 outcome for every decoded

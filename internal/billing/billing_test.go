@@ -287,6 +287,38 @@ func TestProcess_DatabaseDownIsPendingNotParked(t *testing.T) {
 	}
 }
 
+// An event the database refuses (a constraint the event contract does not
+// know, here added by hand) will be refused however long the lane waits:
+// it is parked with the database's words, uncharged, and its neighbours in
+// the batch are charged. Before, the whole batch was retried for ever.
+func TestProcess_AnEventTheDatabaseRefusesIsParkedNotRetried(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	if _, err := f.db.Exec(`ALTER TABLE charge ADD CONSTRAINT no_order_13 CHECK (order_id <> 13)`); err != nil {
+		t.Fatal(err)
+	}
+	_, ok1 := newEvent(t, 12, time.Now())
+	refused, r := newEvent(t, 13, time.Now())
+	_, ok2 := newEvent(t, 14, time.Now())
+
+	res, err := f.proc.Process(context.Background(), messages(ok1, r, ok2))
+	if err != nil {
+		t.Fatalf("Process: %v", err)
+	}
+	if res[0].Outcome != billing.Charged || res[2].Outcome != billing.Charged {
+		t.Errorf("neighbours of a refused event: %v, %v; want charged", res[0].Outcome, res[2].Outcome)
+	}
+	if res[1].Outcome != billing.Parked || res[1].Code != billing.CodeInvalidEvent ||
+		!strings.Contains(res[1].Reason(), "no_order_13") || !strings.Contains(res[1].Reason(), "23514") {
+		t.Errorf("refused event: %v %q, want parked invalid-event naming the constraint and SQLSTATE 23514", res[1].Outcome, res[1].Reason())
+	}
+	if got := f.psp.Stats().Requests; got != 2 {
+		t.Errorf("%d provider requests, want 2: the refused event must not be charged", got)
+	}
+	if got := f.count(t, `SELECT count(*) FROM processed_event WHERE event_id = $1`, refused.ID); got != 0 {
+		t.Errorf("the refused event's claim left %d rows, want none (rolled back)", got)
+	}
+}
+
 func TestProcess_EventsOutsideTheDedupHorizonAreParked(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	cases := []struct {

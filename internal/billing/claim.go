@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -337,4 +338,38 @@ WHERE event_id = ANY($1::uuid[]) AND status = 'rejected'`
 		return fmt.Errorf("reopen refused charge attempts: %w", err)
 	}
 	return nil
+}
+
+// refusedError is a claim the database refused for what an event holds:
+// a data exception (SQLSTATE class 22) or an integrity constraint other
+// than a unique one (class 23; a unique violation is two workers racing,
+// which the next attempt settles). Validation keeps such events out, so it
+// takes a schema that demands more than the event contract (a constraint
+// added by hand, a narrower column); retrying cannot change it, so the
+// event is parked with the database's words rather than retried for ever.
+type refusedError struct{ err *pq.Error }
+
+func (e *refusedError) Error() string {
+	return fmt.Sprintf("the database refused the event: %s (SQLSTATE %s)", e.err.Message, e.err.Code)
+}
+
+func (e *refusedError) Unwrap() error { return e.err }
+
+// refusal returns err as a *refusedError when the database refused the
+// claim's data, else err.
+func refusal(err error) error {
+	var pe *pq.Error
+	if !errors.As(err, &pe) {
+		return err
+	}
+	switch pe.Code.Class() {
+	case "22":
+	case "23":
+		if pe.Code == "23505" || pe.Code == "23P01" { // unique, exclusion: a race
+			return err
+		}
+	default:
+		return err
+	}
+	return &refusedError{err: pe}
 }

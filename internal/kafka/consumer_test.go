@@ -525,3 +525,53 @@ func heapInUse() uint64 {
 	runtime.ReadMemStats(&ms)
 	return ms.HeapInuse
 }
+
+// parkBad parks values starting with "bad" and charges the rest.
+type parkBad struct{}
+
+func (parkBad) Process(_ context.Context, msgs []billing.Message) ([]billing.Result, error) {
+	results := make([]billing.Result, len(msgs))
+	for i, m := range msgs {
+		results[i].Outcome = billing.Charged
+		if strings.HasPrefix(string(m.Value), "bad") {
+			results[i] = billing.Result{Outcome: billing.Parked, Code: billing.CodeInvalidEvent, Detail: "not an event"}
+		}
+	}
+	return results, nil
+}
+
+// A dead-letter topic that takes no writes (here: it does not exist yet) is
+// an outage of the DLQ, not a fault of the message: the message is retried
+// (cause dlq) and never marked, the partition's other keys go on, and it is
+// parked once the topic takes it.
+func TestConsumer_ADeadLetterOutageIsRetriedNotSkipped(t *testing.T) {
+	b := kafkatest.Start(t, 1)
+	client := kafkatest.Client(t, b.Addr())
+	b.DLQTopic += ".later"
+	msgs := []kafkatest.Message{{Key: []byte("k-bad"), Value: []byte("bad-0")}}
+	for i := range 20 {
+		msgs = append(msgs, kafkatest.Message{Key: []byte("k" + strconv.Itoa(i)), Value: []byte("good-" + strconv.Itoa(i))})
+	}
+	kafkatest.Produce(t, client, b.Topic, msgs...)
+	mb := startMember(t, b, parkBad{}, options(), "")
+
+	wait.For(t, 30*time.Second, "the failed dead-letter write retried", func() bool {
+		return testutil.ToFloat64(mb.metrics.Retries.WithLabelValues("dlq")) > 0
+	})
+	wait.For(t, 10*time.Second, "the other keys charged", func() bool {
+		return testutil.ToFloat64(mb.metrics.Events.WithLabelValues("charged")) == 20
+	})
+	if got := kafkatest.Committed(t, client, b.Group, b.Topic)[0]; got > 0 {
+		t.Fatalf("committed offset %d passed the message the DLQ did not take", got)
+	}
+
+	b.CreateTopic(t, b.DLQTopic, 1, nil)
+	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
+	parked, err := kafka.ReadTopic(context.Background(), client, b.DLQTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 1 || string(parked[0].Value) != "bad-0" {
+		t.Fatalf("dead-letter topic holds %d messages, want bad-0 once", len(parked))
+	}
+}
