@@ -84,6 +84,15 @@ func (r *recorder) Process(ctx context.Context, msgs []billing.Message) ([]billi
 	return results, nil
 }
 
+// failingRecorder is a recorder that fails the values starting with prefix
+// while outage is true, as it is at first.
+func failingRecorder(prefix string) (rec *recorder, outage *atomic.Bool) {
+	rec, outage = newRecorder(), new(atomic.Bool)
+	outage.Store(true)
+	rec.fail = func(v string) bool { return outage.Load() && strings.HasPrefix(v, prefix) }
+	return rec, outage
+}
+
 func (r *recorder) holdOf(v string) (chan struct{}, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -251,10 +260,7 @@ func TestConsumer_CommittedOffsetNeverPassesAnUnfinishedMessage(t *testing.T) {
 func TestConsumer_AFailingKeyHoldsOnlyItsOwnMessages(t *testing.T) {
 	b := kafkatest.Start(t, 1)
 	client := kafkatest.Client(t, b.Addr())
-	rec := newRecorder()
-	var outage atomic.Bool
-	outage.Store(true)
-	rec.fail = func(v string) bool { return outage.Load() && strings.HasPrefix(v, "bad") }
+	rec, outage := failingRecorder("bad")
 
 	// bad-0 fails until the outage ends; bad-1, a later message of its key,
 	// must wait for it; every other key goes on, those of the bad key's
@@ -310,10 +316,7 @@ func TestConsumer_AFailingKeyHoldsOnlyItsOwnMessages(t *testing.T) {
 func TestConsumer_AStuckKeyDoesNotStopThousandsBehindIt(t *testing.T) {
 	b := kafkatest.Start(t, 1)
 	client := kafkatest.Client(t, b.Addr())
-	rec := newRecorder()
-	var outage atomic.Bool
-	outage.Store(true)
-	rec.fail = func(v string) bool { return outage.Load() && strings.HasPrefix(v, "stuck") }
+	rec, outage := failingRecorder("stuck")
 
 	const others = 20000
 	msgs := []kafkatest.Message{{Key: []byte("stuck"), Value: []byte("stuck-0")}}
