@@ -20,9 +20,13 @@ const stuckOrders = 3
 // stuck on a transient failure with thousands of messages of other keys
 // behind it in its partition. Every other order must be settled while they
 // are stuck (a stuck key holds only its own messages); then the provider
-// takes them, and verify checks each charged once.
+// takes them, and verify checks each charged once. Oversized compressed
+// values (injectOversize) arrive meanwhile: each must be parked.
 func injectStuckKeys(r *run) {
 	rng := r.rng("stuck")
+	oversized := make(chan struct{})
+	go func() { defer close(oversized); injectOversize(r) }()
+	defer func() { <-oversized }()
 	var orders []int64
 	for len(orders) < stuckOrders {
 		id := 1 + int64(r.sc.count/10+rng.IntN(r.sc.count*4/10))

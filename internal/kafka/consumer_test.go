@@ -578,3 +578,39 @@ func TestConsumer_ADeadLetterOutageIsRetriedNotSkipped(t *testing.T) {
 		t.Fatalf("dead-letter topic holds %d messages, want bad-0 once", len(parked))
 	}
 }
+
+// A partition released while a held key's retry is due mid-batch gives up
+// every message once: abandoning the batch and the held keys must not free
+// a retried message's in-flight slot twice (a lane then waits for ever for
+// a slot to free, and the member never stops).
+func TestConsumer_ReleaseWhileAKeyIsHeldGivesUpEachMessageOnce(t *testing.T) {
+	b := kafkatest.Start(t, 1)
+	client := kafkatest.Client(t, b.Addr())
+	rec, _ := failingRecorder("bad")
+	// A batch takes longer than the held key's first backoffs: its retry
+	// falls due while the lane is busy.
+	rec.delay.Store(int64(100 * time.Millisecond))
+	msgs := []kafkatest.Message{{Key: []byte("bad"), Value: []byte("bad-0")}}
+	for i := range 2000 {
+		msgs = append(msgs, kafkatest.Message{Key: []byte("k" + strconv.Itoa(i)), Value: []byte("good-" + strconv.Itoa(i))})
+	}
+	kafkatest.Produce(t, client, b.Topic, msgs...)
+	opts := options()
+	opts.Lanes = 1 // the held key and the busy batches share the lane
+	for round := range 3 {
+		mb := startMember(t, b, rec, opts, "")
+		wait.For(t, 20*time.Second, "the failing key retried", func() bool {
+			return testutil.ToFloat64(mb.metrics.Retries.WithLabelValues("database")) >= 2
+		})
+		stopped := make(chan struct{})
+		go func() { mb.stop(t); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("round %d: the member did not stop after its partition was released with a key held", round)
+		}
+		if got := testutil.ToFloat64(mb.metrics.Retrying); got != 0 {
+			t.Errorf("round %d: billing_messages_retrying = %v after the release, want 0", round, got)
+		}
+	}
+}

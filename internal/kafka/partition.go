@@ -347,7 +347,11 @@ func (l *lane) release(m *message) {
 // abandon gives up the lane's messages when the claim ends: batch, the held
 // keys' messages and whatever is still queued.
 func (l *lane) abandon(batch []*message) {
-	l.p.abandon(batch)
+	for _, m := range batch {
+		if h := l.held[string(m.msg.Key)]; h == nil || h.msgs[0] != m { // a held key's goes with it below
+			l.p.abandon([]*message{m})
+		}
+	}
 	for key, h := range l.held {
 		l.p.abandon(h.msgs)
 		l.hold(-len(h.msgs))
