@@ -6,7 +6,6 @@ package kafka
 // feeds the lanes from the claim.
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -124,8 +123,8 @@ type lane struct {
 	p     *partition
 	in    <-chan *message
 	held  map[string]*held
-	count int        // messages in held
-	due   []*message // scratch space of next
+	count int     // messages in held
+	due   []*held // scratch space of next
 }
 
 func (p *partition) runLane(in <-chan *message) {
@@ -161,7 +160,7 @@ func (l *lane) next(batch []*message) ([]*message, bool) {
 			case h.trying:
 			case !h.at.After(now) && len(due) < cap(batch):
 				h.trying = true
-				due = append(due, h.msgs[0])
+				due = append(due, h)
 			case wake.IsZero() || h.at.Before(wake):
 				wake = h.at
 			}
@@ -169,8 +168,14 @@ func (l *lane) next(batch []*message) ([]*message, bool) {
 		// Of the retried messages, the first to fail last time go last:
 		// the others, pending only because they were behind it, get
 		// through.
-		slices.SortStableFunc(due, func(a, b *message) int {
-			return cmp.Compare(l.failedFirst(a), l.failedFirst(b))
+		slices.SortStableFunc(due, func(a, b *held) int {
+			switch {
+			case a.first == b.first:
+				return 0
+			case a.first:
+				return 1
+			}
+			return -1
 		})
 		l.due = due
 		open := true
@@ -188,7 +193,9 @@ func (l *lane) next(batch []*message) ([]*message, bool) {
 				break fill
 			}
 		}
-		batch = append(batch, due...)
+		for _, h := range due {
+			batch = append(batch, h.msgs[0])
+		}
 		clear(due)
 		if len(batch) > 0 || !open {
 			return batch, open
@@ -210,15 +217,6 @@ func (l *lane) next(batch []*message) ([]*message, bool) {
 			return batch, false
 		}
 	}
-}
-
-// failedFirst is 1 for a retried message that was the first its last attempt
-// left pending, else 0.
-func (l *lane) failedFirst(m *message) int {
-	if h := l.held[string(m.msg.Key)]; h != nil && h.first {
-		return 1
-	}
-	return 0
 }
 
 // admit adds m to batch, or to its key's held messages when the key waits
@@ -347,11 +345,11 @@ func (l *lane) release(m *message) {
 // abandon gives up the lane's messages when the claim ends: batch, the held
 // keys' messages and whatever is still queued.
 func (l *lane) abandon(batch []*message) {
-	for _, m := range batch {
-		if h := l.held[string(m.msg.Key)]; h == nil || h.msgs[0] != m { // a held key's goes with it below
-			l.p.abandon([]*message{m})
-		}
-	}
+	// A held key's message in the batch goes with its key below.
+	l.p.abandon(slices.DeleteFunc(batch, func(m *message) bool {
+		h := l.held[string(m.msg.Key)]
+		return h != nil && h.msgs[0] == m
+	}))
 	for key, h := range l.held {
 		l.p.abandon(h.msgs)
 		l.hold(-len(h.msgs))
