@@ -285,11 +285,8 @@ func (p *Processor) announceParked(ctx context.Context, results []Result) error 
 		if r.Outcome != Parked || r.Event.ID == uuid.Nil || (r.Code != CodeStaleEvent && r.Code != CodePayloadMismatch) {
 			continue
 		}
-		o, err := outbox.NewOutcome(outbox.Failed, r.Event, p.now())
-		if err != nil {
-			return err
-		}
-		o.Reason, o.Traceparent = r.Code, tracing.Traceparent(r.trace)
+		o := outbox.NewOutcome(outbox.Failed, r.Event, r.Code, p.now())
+		o.Traceparent = tracing.Traceparent(r.trace)
 		idx = append(idx, i)
 		orderIDs = append(orderIDs, r.Event.OrderID)
 		outcomes = append(outcomes, o)
@@ -305,7 +302,7 @@ func (p *Processor) announceParked(ctx context.Context, results []Result) error 
 		if err := lockOrders(ctx, tx, orderIDs); err != nil {
 			return err
 		}
-		return outbox.RecordFailures(ctx, tx, outcomes)
+		return outbox.Record(ctx, tx, outcomes)
 	})
 	if err != nil {
 		for _, i := range idx {
