@@ -429,7 +429,9 @@ func (p *Processor) inTx(ctx context.Context, phase string, results []Result, id
 	started := time.Now()
 	err := postgres.InTx(ctx, p.db, fn)
 	p.metrics.Transaction.WithLabelValues(phase).Observe(time.Since(started).Seconds())
+	p.writes.Observe(err)
 	if err != nil {
+		p.metrics.DBErrors.WithLabelValues(postgres.SQLState(err)).Inc()
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "rolled back")
 	}

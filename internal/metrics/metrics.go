@@ -51,6 +51,10 @@ type Metrics struct {
 	// pipeline was open, by phase (claim, settle, recover): none of them
 	// spans a provider call, so they stay short whatever the provider does.
 	Transaction *prometheus.HistogramVec
+	// DBErrors counts pipeline transactions that failed, by the SQLSTATE
+	// the server answered (53100: disk full) or "none" when it did not
+	// answer (unreachable, a connection lost).
+	DBErrors *prometheus.CounterVec
 	// AttemptsPending is the number of charge attempts waiting for a
 	// provider answer to be recorded, AttemptsOldestPending the age of the
 	// oldest, and AttemptsExpired those older than the provider's
@@ -134,6 +138,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Time each pipeline database transaction was open, by phase (claim, settle, park, recover); none spans a provider call.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"phase"}),
+		DBErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_db_errors_total",
+			Help: "Pipeline database transactions that failed and will be retried, by SQLSTATE (53100 disk full, 25006 read-only; none: no answer from the server).",
+		}, []string{"sqlstate"}),
 		AttemptsPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "billing_charge_attempts_pending",
 			Help: "Charge attempts recorded before their provider call whose answer is not recorded yet (read by maintenance).",
@@ -209,7 +217,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
-		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.AttemptsPending, m.AttemptsOldestPending,
+		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
 		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
 		m.OutboxPublished, m.OutboxErrors, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
