@@ -83,6 +83,10 @@ type Metrics struct {
 	Retries *prometheus.CounterVec
 	// Retrying is the number of messages waiting for a retry of their key.
 	Retrying prometheus.Gauge
+	// HeartbeatAge is the time since the group coordinator last confirmed
+	// this process's membership (kafka's membership); past the session
+	// timeout the process starts no new work.
+	HeartbeatAge prometheus.Gauge
 	// Rebalances counts partitions assigned and revoked.
 	Rebalances *prometheus.CounterVec
 	// Batch observes how many events share one database transaction.
@@ -190,6 +194,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "billing_messages_retrying",
 			Help: "Messages held for retry: those that failed for a reason outside the event and wait to be tried again, and the later messages of their keys waiting behind them.",
 		}),
+		HeartbeatAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_consumer_heartbeat_age_seconds",
+			Help: "Time since the group coordinator last confirmed this member; past the session timeout (cut off from the brokers) the member starts no new work.",
+		}),
 		Rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_partitions_rebalanced_total",
 			Help: "Partitions assigned to or revoked from this instance.",
@@ -219,7 +227,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
 		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
 		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
-		m.OutboxPublished, m.OutboxErrors, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch,
+		m.OutboxPublished, m.OutboxErrors, m.Lag, m.Retries, m.Retrying, m.HeartbeatAge, m.Rebalances, m.Batch,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.
