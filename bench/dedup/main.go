@@ -74,7 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.DSN, "dsn", defaultDSN, "URL of the server's maintenance database; the benchmark creates and drops a database of its own there")
 	fs.StringVar(&c.Out, "out", "", "also write the figures as JSON to this file")
 	fs.IntVar(&c.Workers, "workers", 4, "concurrent inserting connections")
-	fs.IntVar(&c.Batch, "batch", 16, "events per insert transaction (billing's CONSUMER_BATCH_MAX)")
+	fs.IntVar(&c.Batch, "batch", 16, "events per insert transaction (billing's group commit takes up to 128)")
 	fs.DurationVar(&c.Duration, "duration", 0, "length of one insert measurement (0: 20s at 10M rows, proportionally less for fewer, at least 1s)")
 	fs.IntVar(&c.Rounds, "rounds", 0, "insert measurements per table and setting, interleaved across tables (0: 3 from 1M rows, else 1)")
 	fs.IntVar(&c.DeleteBatch, "delete-batch", 10_000, "rows per DELETE transaction when removing a day without partitions")

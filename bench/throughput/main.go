@@ -55,7 +55,7 @@ type scenario struct {
 // seedEnv configures billing as the seed's design: kafkajs eachMessage with
 // partitionsConsumedConcurrently: 3 and commitOffsets after every message.
 var seedEnv = []string{
-	"CONSUMER_LANES=1", "CONSUMER_BATCH_MAX=1", "DATABASE_MAX_CONNS=3", "MAX_IN_FLIGHT=3",
+	"DATABASE_MAX_CONNS=3", "MAX_IN_FLIGHT=3",
 	"KAFKA_COMMIT_EVERY_MESSAGE=true",
 }
 

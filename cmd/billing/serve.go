@@ -59,6 +59,9 @@ func serve(ctx context.Context, args []string, environ map[string]string, stdout
 	}
 	log := newLogger(logw, cfg.Log)
 	log.Info("billing starting", "version", version, "config", cfg)
+	for _, notice := range config.Retired(environ) {
+		log.Warn(notice)
+	}
 
 	// SIGTERM must end the process within DRAIN_TIMEOUT + 5s, whatever the
 	// broker or the database do: the deployment's grace period is sized from
@@ -223,6 +226,13 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew, ProviderWindow: cfg.Payment.IdempotencyWindow}
 	processor := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
 	proc.Store(processor)
+	// The processor's writers outlive ctx: after SIGTERM the consumer's
+	// drain still claims and settles what finishes in time. They stop once
+	// the consumer is done.
+	writersCtx, stopWriters := context.WithCancel(context.WithoutCancel(ctx))
+	var writers sync.WaitGroup
+	writers.Go(func() { processor.Run(writersCtx) })
+	defer func() { stopWriters(); writers.Wait() }()
 	// Charge attempts a crash left pending are completed by any replica,
 	// and the pending and expired ones reported, whatever the consumer does.
 	maintenance.Go(func() {
@@ -249,8 +259,6 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	c, err := kafka.NewConsumer(client, processor, parking, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
 		Group:              cfg.Kafka.GroupID,
-		Lanes:              cfg.Consumer.Lanes,
-		BatchMax:           cfg.Consumer.BatchMax,
 		MaxInFlight:        cfg.Consumer.MaxInFlight,
 		MaxInFlightBytes:   cfg.Consumer.MaxInFlightBytes,
 		DrainTimeout:       cfg.Consumer.DrainTimeout,

@@ -31,8 +31,8 @@ func (f *fixture) restart(t *testing.T) (*billing.Processor, *metrics.Metrics) {
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
 	t.Cleanup(payer.Close)
 	horizon := billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour}
-	return billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, horizon, m, noop.NewTracerProvider(),
-		slog.New(slog.NewTextHandler(io.Discard, nil))), m
+	return running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, horizon, m, noop.NewTracerProvider(),
+		slog.New(slog.NewTextHandler(io.Discard, nil)))), m
 }
 
 // A crash after the claim leaves the claim and a pending attempt; whether
@@ -136,8 +136,8 @@ func TestProcess_AfterADeclinedAttemptTheNextEventCharges(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry())
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	t.Cleanup(payer.Close)
-	proc := billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
-		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
+		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
 
 	if res := process(t, proc, b); res[0].Outcome != billing.Charged {
 		t.Errorf("second event: %v, want charged", res[0].Outcome)
@@ -276,8 +276,8 @@ func TestProcess_ReplayOfARejectedEventAsksAgain(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry())
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	t.Cleanup(payer.Close)
-	proc := billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
-		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
+		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if res := process(t, proc, value); res[0].Outcome != billing.Charged {
 		t.Fatalf("replay: %v, want charged", res[0].Outcome)
 	}

@@ -1,25 +1,33 @@
 // Package billing charges each confirmed order exactly once in effect.
 //
 // Kafka delivers at least once, and a payment provider's answer can be lost
-// after it charged. Billing settles a lane's batch of events in three
-// phases, and never holds a database transaction open while the provider
-// thinks:
+// after it charged. Billing takes each event through three phases, and
+// never holds a database transaction open while the provider thinks:
 //
-//  1. Claim (one short transaction): record each event in the dedup store
-//     and, for each first-seen event, a charge attempt in state pending that
-//     holds the whole provider request. That row is the recovery point.
-//  2. Charge (no transaction): call the provider for the batch's pending
-//     attempts, concurrently, with Idempotency-Key = eventId.
-//  3. Settle (one short transaction): record each answer (succeeded,
-//     declined, rejected). Only then may the caller mark the offsets.
+//  1. Claim (claim.go, one short transaction): record the event in the
+//     dedup store and, for a first-seen event, a charge attempt in state
+//     pending that holds the whole provider request. That row is the
+//     recovery point.
+//  2. Charge (charge.go, no transaction): call the provider for the
+//     attempt, with Idempotency-Key = eventId, as soon as the claim
+//     committed and the payment client has a slot.
+//  3. Settle (settle.go, one short transaction): record the answer
+//     (succeeded, declined, rejected) and its outcome event. Only then may
+//     the caller mark the offset.
+//
+// Events travel one by one, each at its own pace: one slow answer holds no
+// other event. The transactions are shared: a few writers each take
+// whatever events wait for a claim, or answers for a settle, and record
+// them together (queue.go), so under load one transaction serves many
+// events of many partitions.
 //
 // Any worker can complete any pending attempt from its row alone: the same
 // key and body make the provider replay its stored answer. So a redelivered
 // event resumes its own attempt, an event that meets another event's
-// pending attempt for its order completes that one first and then decides,
-// and maintenance (Recover) completes attempts a crash left behind. An
-// attempt older than the provider's idempotency window is never retried
-// blindly: it is reported for a human.
+// pending attempt for its order completes that one first and is then
+// claimed again, and maintenance (Recover) completes attempts a crash left
+// behind. An attempt older than the provider's idempotency window is never
+// retried blindly: it is reported for a human.
 package billing
 
 import (
@@ -27,7 +35,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -38,11 +45,9 @@ import (
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
-	"example.com/billing/internal/tracing"
 )
 
 // Outcome is what became of one message. Charged and Declined are reported
@@ -117,6 +122,15 @@ type Result struct {
 // Reason is the dead-letter reason, "<code>: <detail>".
 func (r Result) Reason() string { return r.Code + ": " + r.Detail }
 
+// announced reports whether r is an event parked for a reason of its own
+// (stale-event, payload-mismatch), whose payment.failed.v1 outcome the
+// claim records so that the order service does not wait for it for ever
+// (a provider-rejected one's is recorded by its settle; an invalid message
+// is no event to announce).
+func (r Result) announced() bool {
+	return r.Outcome == Parked && r.Event.ID != uuid.Nil && (r.Code == CodeStaleEvent || r.Code == CodePayloadMismatch)
+}
+
 func (r *Result) park(code, detail string) {
 	r.Outcome, r.Code, r.Detail = Parked, code, detail
 }
@@ -178,21 +192,43 @@ type Processor struct {
 	// which only failing transactions tell.
 	writes postgres.Writes
 
-	mu      sync.Mutex
-	sending map[uuid.UUID]struct{} // attempts whose request this process is sending
+	// claims holds the events waiting for a claim, settles the calls
+	// waiting for their settle; writers of each run their transactions.
+	claims  *queue[*job]
+	settles *queue[*call]
+	writers int
+
+	mu sync.Mutex
+	// active are the attempts this process is completing (charging or
+	// settling), so that an event needing one waits for it rather than
+	// asking the provider a second time.
+	active map[uuid.UUID]*call
 	// instance tells this process's tries from another's in
 	// charge.counted_by: a message redelivered to another process after a
 	// crash was counted there (or lost with it), not here.
 	instance string
 }
 
+// Transactions take at most maxBatch events (claims) or calls (settles):
+// enough that a transaction's fixed cost is shared by many, few enough
+// that it stays short.
+const maxBatch = 128
+
+// maxRounds bounds how often one event is claimed again while other
+// attempts of its order come first; past it the event is left pending for
+// the caller's retry.
+const maxRounds = 8
+
 // NewProcessor returns a Processor that records in db, deduplicates with
-// store, charges through payer and parks events outside horizon. A
-// Processor without a payer can only ReportPending.
+// store, charges through payer and parks events outside horizon. Run
+// starts its writers, a quarter of db's connections for claims and as many
+// for settles (at least one each). A Processor without a payer can only
+// ReportPending.
 func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *Processor {
 	return &Processor{db: db, dedup: store, payer: payer, horizon: horizon, metrics: m,
 		tracer: tp.Tracer("example.com/billing/internal/billing"), log: log, now: time.Now,
-		sending: map[uuid.UUID]struct{}{}, instance: uuid.Must(uuid.NewV4()).String()}
+		claims: newQueue[*job](), settles: newQueue[*call](), writers: max(1, db.Stats().MaxOpenConnections/4),
+		active: map[uuid.UUID]*call{}, instance: uuid.Must(uuid.NewV4()).String()}
 }
 
 // WriteRefusal says why the database refuses billing's writes (a full
@@ -200,126 +236,151 @@ func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon,
 // that state answers every other check; readiness asks this.
 func (p *Processor) WriteRefusal() error { return p.writes.Err() }
 
-// Process handles consecutive messages of one lane and returns one Result
-// for each.
-//
-// Valid events go through claim → charge → settle together. An event whose
-// order has another event's attempt pending waits for that attempt to be
-// completed (here, by this call) and is decided in a further round, as is
-// the second event of one order in the batch. When something outside the
-// events fails (database, provider outage), the events it concerns are left
-// Pending and the error says why; the caller retries them later, and the
-// retry resumes their recorded attempts under the same key. Invalid events
-// are Parked whatever happens to the others.
+// job is one message on its way through claim → charge → settle.
+type job struct {
+	msg  Message
+	res  Result
+	ctx  context.Context // the caller's: once it ends, the job goes back Pending
+	done func(Result, error)
+	// rounds counts the job's claims: an event waiting for another attempt
+	// of its order is claimed again once that attempt is settled.
+	rounds int
+}
+
+// finish hands the job's result to its caller, with why it is Pending.
+func (j *job) finish(err error) {
+	if j.res.Outcome != Pending {
+		err = nil
+	}
+	j.done(j.res, err)
+}
+
+// ErrStopped: the processor stopped (Run returned) before the event was
+// decided; it is left Pending.
+var ErrStopped = errors.New("billing: the processor stopped")
+
+// Run runs the writers that claim and settle events until ctx ends. Work
+// still waiting then is left Pending, for the consumer's next owner.
+func (p *Processor) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range p.writers {
+		wg.Go(func() {
+			for batch := p.claims.take(ctx, maxBatch); batch != nil; batch = p.claims.take(ctx, maxBatch) {
+				p.claimBatch(ctx, batch)
+			}
+		})
+		wg.Go(func() {
+			for batch := p.settles.take(ctx, maxBatch); batch != nil; batch = p.settles.take(ctx, maxBatch) {
+				p.settleBatch(ctx, batch)
+			}
+		})
+	}
+	wg.Wait()
+	for _, j := range p.claims.close() {
+		j.finish(ErrStopped)
+	}
+	for _, c := range p.settles.close() {
+		p.abandon(c, ErrStopped)
+	}
+}
+
+// Submit starts m on its way and returns at once; done is called once,
+// from another goroutine, with its result: decided (charged, declined, a
+// duplicate, parked), or Pending with the reason, for the caller to retry
+// later (the retry resumes the recorded attempt under the same key).
+// Invalid events are decided here.
+func (p *Processor) Submit(ctx context.Context, m Message, done func(Result, error)) {
+	j := p.newJob(ctx, m, done)
+	if j.res.Outcome == Parked && !j.res.announced() {
+		j.finish(nil) // nothing to record
+		return
+	}
+	if !p.claims.push(j) {
+		j.finish(ErrStopped)
+	}
+}
+
+// Process submits msgs together and waits for their results, in order,
+// with the reasons of those left Pending joined. Events of one order are
+// claimed in the order given.
 func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, error) {
 	results := make([]Result, len(msgs))
-	valid := make([]int, 0, len(msgs))
-	now := p.now()
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	wg.Add(len(msgs))
+	var claim []*job
 	for i, m := range msgs {
-		results[i].trace = m.Trace
-		results[i].counter = p.counter(m)
-		ev, err := order.Parse(m.Value)
-		if err != nil {
-			results[i].park(CodeInvalidEvent, err.Error())
+		j := p.newJob(ctx, m, func(r Result, err error) { results[i], errs[i] = r, err; wg.Done() })
+		if j.res.Outcome == Parked && !j.res.announced() {
+			j.finish(nil)
 			continue
 		}
-		results[i].Event = ev
-		if code, detail := p.outsideHorizon(ev, now); code != "" {
-			results[i].park(code, detail)
-			continue
+		claim = append(claim, j)
+	}
+	if !p.claims.push(claim...) { // one push: one writer takes them in order
+		for _, j := range claim {
+			j.finish(ErrStopped)
 		}
-		valid = append(valid, i)
 	}
-
-	errs := p.decide(ctx, results, valid)
-	if err := p.announceParked(ctx, results); err != nil {
-		errs = append(errs, err)
-	}
-	return results, errors.Join(errs...)
+	wg.Wait()
+	return results, errors.Join(uniqueErrors(errs)...)
 }
 
-// decide runs rounds of claim → charge → settle for the events
-// results[valid] until each is decided or left Pending for the caller's
-// retry, and returns why events were left Pending.
-func (p *Processor) decide(ctx context.Context, results []Result, valid []int) []error {
-	var errs []error
-	for rounds := 0; len(valid) > 0; rounds++ {
-		if rounds > len(results) {
-			// Other partitions keep putting attempts in front of these
-			// events' orders: leave them to the caller's retry.
-			errs = append(errs, fmt.Errorf("%d events still wait behind other attempts of their orders", len(valid)))
-			break
-		}
-		next, err := p.round(ctx, results, valid)
-		if dedup.Table.IsMissing(err) {
-			// An event's day has no partition: retention dropped it (the
-			// event cannot be judged) or maintenance has not created it
-			// (yet). The claim rolled back; decide and try again.
-			if valid, err = p.healPartitions(ctx, results, valid); err == nil {
-				continue
-			}
-		}
-		var refused *refusedError
-		if errors.As(err, &refused) {
-			// Waiting will not change a constraint the claim broke. Alone,
-			// the event that broke it is parked; in a batch, each event
-			// is decided alone to find it.
-			if len(valid) == 1 {
-				results[valid[0]].park(CodeInvalidEvent, refused.Error())
-				break
-			}
-			for _, i := range valid {
-				errs = append(errs, p.decide(ctx, results, []int{i})...)
-			}
-			break
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-		valid = next
-	}
-	return errs
-}
-
-// announceParked records a payment.failed.v1 outcome for every decoded
-// event parked for a reason of its own (stale-event, payload-mismatch; a
-// provider-rejected one was announced by its settle), so that the order
-// service does not wait for it for ever. It runs before the caller writes
-// the dead-letter record: a failure leaves those events Pending, to be
-// tried again, and a redelivered one is announced once.
-func (p *Processor) announceParked(ctx context.Context, results []Result) error {
-	var idx []int
-	var orderIDs []int64
-	var outcomes []outbox.Outcome
-	for i, r := range results {
-		if r.Outcome != Parked || r.Event.ID == uuid.Nil || (r.Code != CodeStaleEvent && r.Code != CodePayloadMismatch) {
-			continue
-		}
-		o := outbox.NewOutcome(outbox.Failed, r.Event, r.Code, p.now())
-		o.Traceparent = tracing.Traceparent(r.trace)
-		idx = append(idx, i)
-		orderIDs = append(orderIDs, r.Event.OrderID)
-		outcomes = append(outcomes, o)
-	}
-	if len(idx) == 0 {
-		return nil
-	}
-	slices.Sort(orderIDs)
-	orderIDs = slices.Compact(orderIDs)
-	err := p.inTxWithOutbox(ctx, "park", results, idx, func(tx *sqlx.Tx) error {
-		// Under the orders' locks two copies of one event cannot both find
-		// its failure unannounced.
-		if err := lockOrders(ctx, tx, orderIDs); err != nil {
-			return err
-		}
-		return outbox.Record(ctx, tx, outcomes)
-	})
+// newJob decodes m strictly and checks its event against the horizon: a
+// job parked before any claim is an invalid message, or an event that
+// billing cannot judge (whose failure the claim records).
+func (p *Processor) newJob(ctx context.Context, m Message, done func(Result, error)) *job {
+	j := &job{msg: m, ctx: ctx, done: done}
+	j.res.trace, j.res.counter = m.Trace, p.counter(m)
+	ev, err := order.Parse(m.Value)
 	if err != nil {
-		for _, i := range idx {
-			results[i].Outcome, results[i].Code, results[i].Detail = Pending, "", ""
+		j.res.park(CodeInvalidEvent, err.Error())
+		return j
+	}
+	j.res.Event = ev
+	if code, detail := p.outsideHorizon(ev, p.now()); code != "" {
+		j.res.park(code, detail)
+	}
+	return j
+}
+
+// again claims j once more, after the attempt it waited for was settled.
+func (p *Processor) again(j *job) {
+	if j.rounds++; j.rounds > maxRounds {
+		// Other partitions keep putting attempts in front of this order.
+		j.finish(fmt.Errorf("billing: event %s still waits behind other attempts of order %d", j.res.Event.ID, j.res.Event.OrderID))
+		return
+	}
+	if !p.claims.push(j) {
+		j.finish(ErrStopped)
+	}
+}
+
+// live finishes the jobs whose caller gave up, and returns the others.
+func live(jobs []*job) []*job {
+	out := jobs[:0]
+	for _, j := range jobs {
+		if err := j.ctx.Err(); err != nil {
+			j.finish(err)
+			continue
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+// uniqueErrors drops nils and repeats of one error: a batch left pending by
+// one outage reports it once.
+func uniqueErrors(errs []error) []error {
+	var out []error
+	seen := map[error]bool{}
+	for _, err := range errs {
+		if err != nil && !seen[err] {
+			seen[err] = true
+			out = append(out, err)
 		}
 	}
-	return err
+	return out
 }
 
 // counter is the charge.counted_by value of m's tries in this process.
@@ -348,29 +409,30 @@ func (p *Processor) outsideHorizon(ev order.Event, now time.Time) (code, detail 
 	return "", ""
 }
 
-// healPartitions parks the events of days that retention dropped, creates
-// the missing partitions of the others rather than retry forever, and
-// returns the events still to settle.
-func (p *Processor) healPartitions(ctx context.Context, results []Result, idx []int) ([]int, error) {
+// healPartitions parks the events of days that retention dropped (the
+// claim then records their failure), creates the missing partitions of the
+// others rather than retry forever, and reports whether it did either.
+func (p *Processor) healPartitions(ctx context.Context, jobs []*job) error {
 	droppedBefore, err := dedup.DroppedBefore(ctx, p.db)
 	if err != nil {
-		return idx, err
+		return err
 	}
-	var keep []int
 	var ids []uuid.UUID
-	for _, i := range idx {
-		ev := results[i].Event
+	for _, j := range jobs {
+		if j.res.Outcome == Parked {
+			continue
+		}
+		ev := j.res.Event
 		if partition.Day(ev.ID).Before(droppedBefore) {
-			results[i].park(CodeStaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
+			j.res.park(CodeStaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
 				ev.IDTime().Format(time.RFC3339), droppedBefore.Format(time.DateOnly)))
 			continue
 		}
-		keep = append(keep, i)
 		ids = append(ids, ev.ID)
 	}
 	if len(ids) == 0 {
-		return nil, nil
+		return nil
 	}
 	p.log.Warn("processed_event has no partition for an event's day; creating it (is `billing maintain` running?)")
-	return keep, dedup.Table.EnsureFor(ctx, p.db, ids)
+	return dedup.Table.EnsureFor(ctx, p.db, ids)
 }

@@ -46,7 +46,7 @@ func newFixture(t *testing.T, opts fakepsp.Options) *fixture {
 	t.Cleanup(payer.Close)
 	horizon := billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &fixture{db: db, psp: psp, m: m, proc: billing.NewProcessor(db, dedup.NewStore("test-group"), payer, horizon, m, noop.NewTracerProvider(), log)}
+	return &fixture{db: db, psp: psp, m: m, proc: running(t, billing.NewProcessor(db, dedup.NewStore("test-group"), payer, horizon, m, noop.NewTracerProvider(), log))}
 }
 
 func (f *fixture) count(t *testing.T, q string, args ...any) int {
@@ -504,9 +504,9 @@ func TestProcess_EventSettledUnderAnotherGroupIsNotChargedAgain(t *testing.T) {
 	defer srv.Close()
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	defer payer.Close()
-	other := billing.NewProcessor(f.db, dedup.NewStore("another-group"), payer,
+	other := running(t, billing.NewProcessor(f.db, dedup.NewStore("another-group"), payer,
 		billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}, m, noop.NewTracerProvider(),
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
+		slog.New(slog.NewTextHandler(io.Discard, nil))))
 	res := process(t, other, declined, charged)
 	for i, r := range res {
 		if r.Outcome != billing.Duplicate {
@@ -516,4 +516,46 @@ func TestProcess_EventSettledUnderAnotherGroupIsNotChargedAgain(t *testing.T) {
 	if got := f.psp.Stats().Requests; got != before {
 		t.Errorf("%d more provider requests for events already settled", got-before)
 	}
+}
+
+// running starts p's writers until the test ends.
+func running(t *testing.T, p *billing.Processor) *billing.Processor {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return p
+}
+
+// processorFor returns a running processor on f's database whose provider
+// is at url.
+func (f *fixture) processorFor(t *testing.T, url string) *billing.Processor {
+	t.Helper()
+	m := metrics.New(prometheus.NewRegistry())
+	payer := payment.New(payment.Config{BaseURL: url, Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
+	t.Cleanup(payer.Close)
+	return running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
+		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
+}
+
+// stoppable returns a processor on f's database and provider whose writers
+// run until stop, the context to submit with, and stop, which returns once
+// they have.
+func (f *fixture) stoppable(t *testing.T) (*billing.Processor, context.Context, func()) {
+	t.Helper()
+	srv := httptest.NewServer(f.psp)
+	t.Cleanup(srv.Close)
+	m := metrics.New(prometheus.NewRegistry())
+	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
+	t.Cleanup(payer.Close)
+	p := billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
+		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return p, ctx, stop
 }

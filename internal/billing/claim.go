@@ -9,10 +9,13 @@ import (
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/outbox"
+	"example.com/billing/internal/tracing"
 )
 
 // orderLockSpace is the first key of billing's two-key advisory locks
@@ -21,13 +24,13 @@ import (
 // a hash only wait for each other.
 const orderLockSpace = 0x62696c6c
 
-// plan is what one claim decided: the attempts this round completes, and
-// which attempt each undecided event waits for.
+// plan is what one claim decided: the attempts to complete, and which
+// attempt each undecided event waits for.
 type plan struct {
 	calls map[uuid.UUID]*call
-	// waits maps an event (index into results) to the attempt it waits
-	// for: its own, or another event's attempt for its order.
-	waits map[int]uuid.UUID
+	// waits maps an event to the attempt it waits for: its own, or
+	// another event's attempt for its order.
+	waits map[*job]uuid.UUID
 	// claimed is the number of events the claim recorded.
 	claimed int
 }
@@ -45,24 +48,77 @@ const (
 	copyInBatch                  // a later copy of an event claimed earlier in this batch
 )
 
-// claim runs phase 1 for the events results[idx] in one transaction. Under
-// the advisory locks of their orders it reads the orders' attempts, records
-// the events in the dedup store and a pending attempt for each first-seen
-// event that may charge its order, and returns the plan. Events it decides
-// at once (duplicates, business duplicates, mismatches) get their Result.
-func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*plan, error) {
-	events := make([]order.Event, len(idx))
-	orderIDs := make([]int64, len(idx))
-	for n, i := range idx {
-		events[n], orderIDs[n] = results[i].Event, results[i].Event.OrderID
+// claimBatch runs phase 1 for jobs in one transaction and sends each on:
+// a decided event is finished, the others wait for the attempt they need,
+// which charge.go completes. When the claim fails for something outside
+// the events (the database), they are left Pending for the caller's retry.
+func (p *Processor) claimBatch(ctx context.Context, jobs []*job) {
+	jobs = live(jobs)
+	if len(jobs) == 0 {
+		return
+	}
+	pl, err := p.claim(ctx, jobs)
+	if dedup.Table.IsMissing(err) {
+		// An event's day has no partition: retention dropped it (the event
+		// cannot be judged) or maintenance has not created it (yet). The
+		// claim rolled back; decide, create, and claim again.
+		if err = p.healPartitions(ctx, jobs); err == nil {
+			pl, err = p.claim(ctx, jobs)
+		}
+	}
+	var refused *refusedError
+	switch {
+	case err == nil:
+	case errors.As(refusal(err), &refused) && len(jobs) > 1:
+		// Waiting will not change a constraint the claim broke: each event
+		// is claimed alone to find the one that broke it.
+		for _, j := range jobs {
+			p.claimBatch(ctx, []*job{j})
+		}
+		return
+	case errors.As(refusal(err), &refused):
+		jobs[0].res.park(CodeInvalidEvent, refused.Error())
+		jobs[0].finish(nil)
+		return
+	default:
+		for _, j := range jobs {
+			j.finish(err)
+		}
+		return
+	}
+	p.follow(ctx, jobs, pl)
+}
+
+// claim runs phase 1 for jobs in one transaction. Under the advisory locks
+// of their orders it reads the orders' attempts, records the events in the
+// dedup store and a pending attempt for each first-seen event that may
+// charge its order, records the failures of the events parked for a
+// reason of their own, and returns the plan. Events it decides at once
+// (duplicates, business duplicates, mismatches) get their Result.
+func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
+	var claiming, announce []*job
+	for _, j := range jobs {
+		if j.res.Outcome == Parked {
+			announce = append(announce, j)
+		} else {
+			claiming = append(claiming, j)
+		}
+	}
+	events := make([]order.Event, 0, len(claiming))
+	orderIDs := make([]int64, 0, len(jobs))
+	for _, j := range jobs {
+		orderIDs = append(orderIDs, j.res.Event.OrderID)
+	}
+	for _, j := range claiming {
+		events = append(events, j.res.Event)
 	}
 	slices.Sort(orderIDs)
 	orderIDs = slices.Compact(orderIDs)
 
 	var pl *plan
-	decided := map[int]Result{}
-	err := p.inTx(ctx, "claim", results, idx, func(tx *sqlx.Tx) error {
-		pl = &plan{calls: map[uuid.UUID]*call{}, waits: map[int]uuid.UUID{}}
+	decided := map[*job]Result{}
+	err := p.inTxWithOutbox(ctx, "claim", traces(jobs), func(tx *sqlx.Tx) error {
+		pl = &plan{calls: map[uuid.UUID]*call{}, waits: map[*job]uuid.UUID{}}
 		clear(decided)
 		if err := lockOrders(ctx, tx, orderIDs); err != nil {
 			return err
@@ -75,7 +131,7 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 		}
 		byEvent := map[uuid.UUID]attempt{}
 		paid := map[int64]bool{}
-		busy := map[int64]uuid.UUID{} // order → the attempt this round completes for it
+		busy := map[int64]uuid.UUID{} // order → the attempt this claim completes for it
 		for _, a := range rows {
 			byEvent[a.EventID] = a
 			switch a.Status {
@@ -90,22 +146,22 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 		// What each event would do, in batch order: the first event of an
 		// order may charge it, the others wait for that attempt.
 		var entries []dedup.Entry
-		var claimIdx []int
-		intents := map[int]intent{}
-		claiming := map[uuid.UUID]bool{}
-		for _, i := range idx {
-			ev := results[i].Event
+		var claimed []*job
+		intents := map[*job]intent{}
+		seen := map[uuid.UUID]bool{}
+		for _, j := range claiming {
+			ev := j.res.Event
 			own, hasOwn := byEvent[ev.ID]
 			var in intent
 			switch {
-			case claiming[ev.ID]:
+			case seen[ev.ID]:
 				// The dedup store judges it against the first copy.
 				in = copyInBatch
 			case hasOwn && !own.sameRequest(ev):
-				r := results[i]
+				r := j.res
 				r.park(CodePayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
 					ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
-				decided[i] = r
+				decided[j] = r
 				continue
 			case hasOwn && own.Status == charge.Pending:
 				in = resume
@@ -115,7 +171,7 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 				in = alreadyCharged
 			default: // a new attempt, or one more after the provider refused
 				if b, ok := busy[ev.OrderID]; ok {
-					pl.waits[i] = b // decided once that attempt is settled
+					pl.waits[j] = b // decided once that attempt is settled
 					continue
 				}
 				in = newAttempt
@@ -124,9 +180,9 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 				}
 				busy[ev.OrderID] = ev.ID
 			}
-			intents[i] = in
-			claiming[ev.ID] = true
-			claimIdx = append(claimIdx, i)
+			intents[j] = in
+			seen[ev.ID] = true
+			claimed = append(claimed, j)
 			entries = append(entries, dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()})
 		}
 		verdicts, err := p.dedup.Claim(ctx, tx, entries)
@@ -137,15 +193,15 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 
 		var fresh []attempt
 		var retried []uuid.UUID
-		var settledOwn []int
-		for n, i := range claimIdx {
-			ev, in, v := results[i].Event, intents[i], verdicts[n]
-			r := results[i]
+		var settledOwn []*job
+		for n, j := range claimed {
+			ev, in, v := j.res.Event, intents[j], verdicts[n]
+			r := j.res
 			switch {
 			case v == dedup.Mismatch:
 				r.park(CodePayloadMismatch, fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip",
 					ev.ID, entries[n].Fingerprint[:8]))
-				decided[i] = r
+				decided[j] = r
 				continue
 			case in == resume || in == retryRejected:
 				// A redelivery, a retry or a replay of an event whose
@@ -155,13 +211,13 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 					retried = append(retried, ev.ID)
 					c.a.Status, c.a.CreatedAt = charge.Pending, p.now()
 				}
-				pl.waits[i] = ev.ID
+				pl.waits[j] = ev.ID
 				pl.calls[ev.ID] = c
 				continue
 			case in == settled:
 				// Counted below when no message of the event counted it.
 				r.Outcome, r.Recorded = Duplicate, byEvent[ev.ID].outcome()
-				settledOwn = append(settledOwn, i)
+				settledOwn = append(settledOwn, j)
 			case v == dedup.Seen || in == copyInBatch:
 				// Claimed before without an attempt of its own: a business
 				// duplicate then, or its attempt was settled elsewhere.
@@ -171,62 +227,109 @@ func (p *Processor) claim(ctx context.Context, results []Result, idx []int) (*pl
 			default: // newAttempt, first seen
 				a := newAttemptOf(ev)
 				fresh = append(fresh, a)
-				pl.waits[i] = ev.ID
+				pl.waits[j] = ev.ID
 				pl.calls[ev.ID] = newCall(a, false)
 				continue
 			}
-			decided[i] = r
+			decided[j] = r
 		}
-		if err := p.count(ctx, tx, results, settledOwn, decided); err != nil {
+		if err := p.count(ctx, tx, settledOwn, decided); err != nil {
 			return err
 		}
 		if err := insertAttempts(ctx, tx, fresh); err != nil {
 			return err
 		}
-		return reopenRejected(ctx, tx, retried)
+		if err := reopenRejected(ctx, tx, retried); err != nil {
+			return err
+		}
+		// The failures of the events parked for a reason of their own,
+		// under their orders' locks: announced in the order recorded.
+		var failures []outbox.Outcome
+		for _, j := range announce {
+			failures = append(failures, p.failureOf(j.res))
+		}
+		for _, r := range decided {
+			if r.announced() {
+				failures = append(failures, p.failureOf(r))
+			}
+		}
+		return outbox.Record(ctx, tx, failures)
 	})
 	if err != nil {
 		return nil, err
 	}
-	for i, r := range decided {
-		results[i] = r
-	}
-	// A call per attempt some event waits for; the others (pending attempts
-	// of orders whose events all decided otherwise) are left to their own
-	// events and to maintenance.
-	needed := map[uuid.UUID]bool{}
-	for _, i := range idx { // batch order: the first waiting event traces the call
-		id, waits := pl.waits[i]
-		c, ok := pl.calls[id]
-		if !waits || !ok {
-			continue // an attempt that was not recorded after all: next round
-		}
-		if !needed[id] {
-			needed[id] = true
-			c.trace = results[i].trace
-		}
-		if id == results[i].Event.ID && c.countedFor < 0 {
-			c.countedFor = i // its own event's first copy counts the outcome
-		}
-	}
-	for id := range pl.calls {
-		if !needed[id] {
-			delete(pl.calls, id)
-		}
+	for j, r := range decided {
+		j.res = r
 	}
 	p.metrics.Batch.Observe(float64(pl.claimed))
 	return pl, nil
 }
 
-// count decides, for the events idx whose own attempt is settled, which
+// failureOf is the payment.failed.v1 outcome of an event parked for a
+// reason of its own.
+func (p *Processor) failureOf(r Result) outbox.Outcome {
+	o := outbox.NewOutcome(outbox.Failed, r.Event, r.Code, p.now())
+	o.Traceparent = tracing.Traceparent(r.trace)
+	return o
+}
+
+// follow sends the claimed jobs on: the decided ones are finished, the
+// others wait for the call of the attempt they need, and those whose
+// attempt was not recorded after all are claimed again.
+func (p *Processor) follow(ctx context.Context, jobs []*job, pl *plan) {
+	needed := map[uuid.UUID]*call{}
+	var order []*call
+	for _, j := range jobs { // batch order: the first waiting event traces the call
+		id, waits := pl.waits[j]
+		if !waits {
+			if j.res.Outcome != Pending {
+				j.finish(nil)
+			} else {
+				p.again(j) // decided in no way by this claim: claim it again
+			}
+			continue
+		}
+		c, ok := pl.calls[id]
+		if !ok {
+			p.again(j) // an attempt that was not recorded after all
+			continue
+		}
+		if _, started := needed[id]; !started {
+			needed[id] = c
+			order = append(order, c)
+			c.trace = j.res.trace
+		}
+		c.waiters = append(c.waiters, j)
+		if id == j.res.Event.ID && c.countedFor == nil {
+			c.countedFor = j // its own event's first copy counts the outcome
+		}
+	}
+	// The pending attempts of orders whose events all decided otherwise
+	// are left to their own events and to maintenance.
+	p.skipSettled(ctx, order)
+	for _, c := range order {
+		p.start(ctx, c)
+	}
+}
+
+// traces are the spans of jobs, for a transaction serving them.
+func traces(jobs []*job) []trace.SpanContext {
+	out := make([]trace.SpanContext, len(jobs))
+	for i, j := range jobs {
+		out[i] = j.res.trace
+	}
+	return out
+}
+
+// count decides, for the events whose own attempt is settled, which
 // message counts the outcome: the first try that finds it counted for
 // nobody (another worker settled it: another event of the order,
 // maintenance) or counted for this very message's earlier try in this
 // process, whose commit went unanswered. It records that in
 // charge.counted_by and reports the recorded outcome; every other copy
 // stays a Duplicate.
-func (p *Processor) count(ctx context.Context, tx *sqlx.Tx, results []Result, idx []int, decided map[int]Result) error {
-	if len(idx) == 0 {
+func (p *Processor) count(ctx context.Context, tx *sqlx.Tx, jobs []*job, decided map[*job]Result) error {
+	if len(jobs) == 0 {
 		return nil
 	}
 	const q = `
@@ -237,14 +340,14 @@ WHERE c.event_id = u.id AND c.status IN ('succeeded', 'declined')
 RETURNING c.event_id, c.counted_by`
 	var ids, counters pq.StringArray
 	seen := map[uuid.UUID]bool{}
-	for _, i := range idx {
-		id := results[i].Event.ID
+	for _, j := range jobs {
+		id := j.res.Event.ID
 		if seen[id] {
 			continue // a second copy in the batch is a duplicate
 		}
 		seen[id] = true
 		ids = append(ids, id.String())
-		counters = append(counters, results[i].counter)
+		counters = append(counters, j.res.counter)
 	}
 	var counted []struct {
 		EventID uuid.UUID `db:"event_id"`
@@ -257,12 +360,12 @@ RETURNING c.event_id, c.counted_by`
 	for _, c := range counted {
 		byEvent[c.EventID] = c.Counter
 	}
-	for _, i := range idx {
-		r := decided[i]
-		if byEvent[r.Event.ID] == results[i].counter {
+	for _, j := range jobs {
+		r := decided[j]
+		if byEvent[r.Event.ID] == j.res.counter {
 			r.Outcome = r.Recorded
 			delete(byEvent, r.Event.ID) // once
-			decided[i] = r
+			decided[j] = r
 		}
 	}
 	return nil

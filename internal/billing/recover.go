@@ -3,6 +3,7 @@ package billing
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"example.com/billing/internal/charge"
@@ -61,28 +62,33 @@ WHERE event_id IN (
     FOR UPDATE SKIP LOCKED)
 RETURNING ` + charge.Columns
 	var taken []attempt
-	err = p.inTx(ctx, "recover", nil, nil, func(tx *sqlx.Tx) error {
+	err = p.inTx(ctx, "recover", nil, func(tx *sqlx.Tx) error {
 		taken = taken[:0]
 		return tx.SelectContext(ctx, &taken, take, idle.Seconds(), window.Seconds(), recoverBatch)
 	})
 	if err != nil {
 		return rep, fmt.Errorf("take idle charge attempts: %w", err)
 	}
-	if len(taken) == 0 {
+	// No message waits for these: their outcomes are counted by their
+	// events' messages, if they ever come. One this process is completing
+	// already (an event met it meanwhile) is left to that call.
+	var calls []*call
+	for _, a := range taken {
+		if c := newCall(a, true); p.activate(c) {
+			calls = append(calls, c)
+		}
+	}
+	if len(calls) == 0 {
 		return rep, nil
 	}
-	// No message waits for these: their outcomes are counted by their
-	// events' messages, if they ever come.
-	pl := &plan{calls: make(map[uuid.UUID]*call, len(taken))}
-	for _, a := range taken {
-		pl.calls[a.EventID] = newCall(a, true)
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		c.sent = true
+		wg.Go(func() { c.charge, c.err = p.payer.Charge(ctx, c.a.request()) })
 	}
-	calls := pl.calls
-	defer p.release(calls)
-	p.chargeAll(ctx, calls)
-	if err := p.settle(ctx, nil, nil, pl); err != nil {
-		return rep, err
-	}
+	wg.Wait()
+	// Settled here rather than by the writers: maintain runs no writers.
+	p.settleBatch(ctx, calls)
 	for _, c := range calls {
 		result := c.a.Status
 		if !c.settledHere {

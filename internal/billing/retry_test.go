@@ -18,7 +18,6 @@ func TestRetryFor(t *testing.T) {
 	}{
 		{"provider 429 with Retry-After", fmt.Errorf("charge: %w", &payment.TransientError{Err: errors.New("429"), RetryAfter: 3 * time.Second}), billing.Retry{Cause: "payment", After: 3 * time.Second}},
 		{"provider 503", &payment.TransientError{Err: errors.New("503")}, billing.Retry{Cause: "payment"}},
-		{"attempt in another lane", fmt.Errorf("event x: %w", billing.ErrAttemptBusy), billing.Retry{Cause: "payment"}},
 		{"database", errors.New("claim: connection refused"), billing.Retry{Cause: "database"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

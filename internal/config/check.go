@@ -238,12 +238,6 @@ func (c *Consumer) Validate() error {
 	if c.MaxInFlightBytes < 1<<20 || c.MaxInFlightBytes > 64<<30 {
 		errs.add("MAX_IN_FLIGHT_BYTES", "%d is outside 1 MiB..64 GiB", c.MaxInFlightBytes)
 	}
-	if c.Lanes < 1 || c.Lanes > 1024 {
-		errs.add("CONSUMER_LANES", "%d is outside 1..1024", c.Lanes)
-	}
-	if c.BatchMax < 1 || c.BatchMax > 1000 {
-		errs.add("CONSUMER_BATCH_MAX", "%d is outside 1..1000", c.BatchMax)
-	}
 	if c.DrainTimeout <= 0 {
 		errs.add("DRAIN_TIMEOUT", "must be positive")
 	}
@@ -255,8 +249,6 @@ func (c Consumer) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.Int("max_in_flight", c.MaxInFlight),
 		slog.Int64("max_in_flight_bytes", c.MaxInFlightBytes),
-		slog.Int("lanes", c.Lanes),
-		slog.Int("batch_max", c.BatchMax),
 		slog.Duration("drain_timeout", c.DrainTimeout),
 		slog.Bool("commit_every_message", c.CommitEveryMessage),
 	)

@@ -80,7 +80,7 @@ type PaymentLimits struct {
 	// MaxConcurrency bounds the provider requests in flight, whole process.
 	// Sized for a provider answering in 500 ms: 1,024 in flight carry about
 	// 2,000 charges a second.
-	MaxConcurrency int `env:"PAYMENT_MAX_CONCURRENCY" envDefault:"1024" help:"provider requests in flight, whole process (at 500 ms a provider answer, up to ~2,000 charges/s; partitions × CONSUMER_LANES × CONSUMER_BATCH_MAX bound it too: BENCHMARKS.md)"`
+	MaxConcurrency int `env:"PAYMENT_MAX_CONCURRENCY" envDefault:"1024" help:"provider requests in flight, whole process (at 500 ms a provider answer, up to ~2,000 charges/s); MAX_IN_FLIGHT and PAYMENT_MAX_RPS bound them too"`
 	// MaxRPS bounds the provider requests per second, whole process (a
 	// token bucket); 0 is unlimited.
 	MaxRPS float64 `env:"PAYMENT_MAX_RPS" envDefault:"0" help:"provider requests per second, whole process (token bucket); 0 is unlimited; set it to the provider's limit (Stripe: 100)"`
@@ -106,7 +106,9 @@ type OptionalPayment struct {
 // Consumer tunes the consumer's concurrency.
 type Consumer struct {
 	// MaxInFlight bounds the messages taken off partitions and not yet
-	// finished, per instance. 0 means 2 × PAYMENT_MAX_CONCURRENCY (Load
+	// finished, per instance. Every key's oldest one is charged at once,
+	// so this, PAYMENT_MAX_CONCURRENCY and PAYMENT_MAX_RPS are what bound
+	// the requests in flight. 0 means 2 × PAYMENT_MAX_CONCURRENCY (Load
 	// fills it in).
 	MaxInFlight int `env:"MAX_IN_FLIGHT" envDefault:"0" help:"messages taken off partitions and not yet finished, per instance; 0: 2 × PAYMENT_MAX_CONCURRENCY"`
 	// MaxInFlightBytes bounds the same messages in bytes (keys and
@@ -114,13 +116,6 @@ type Consumer struct {
 	// the deployment has. A single message larger than it is still taken,
 	// alone.
 	MaxInFlightBytes int64 `env:"MAX_IN_FLIGHT_BYTES" envDefault:"67108864" help:"bytes (keys and values) of the messages taken off partitions and not yet finished, per instance; taking waits while they are all taken, and a message larger than it is processed alone. sarama's fetch buffers come on top (BENCHMARKS.md)"`
-	// Lanes is the number of key-ordered lanes per partition: messages with
-	// different keys run concurrently, messages with one key in order. A
-	// lane waits for the provider with its batch, so lanes × batch per
-	// partition is what one partition can have in flight.
-	Lanes int `env:"CONSUMER_LANES" envDefault:"16" help:"key-ordered lanes per partition: different keys run concurrently, one key in order"`
-	// BatchMax is the most events of one lane claimed and settled together.
-	BatchMax int `env:"CONSUMER_BATCH_MAX" envDefault:"16" help:"most events of one lane claimed and settled together"`
 	// DrainTimeout bounds how long in-flight work may run after a partition
 	// is revoked or SIGTERM arrives; what is unfinished then is abandoned
 	// (rolled back, not marked) and redelivered to the next owner.

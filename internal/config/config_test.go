@@ -104,8 +104,6 @@ var settings = []setting{
 	{"LOG_LEVEL", func(c config.Serve) any { return c.Log.Level }},
 	{"LOG_FORMAT", func(c config.Serve) any { return c.Log.Format }},
 	{"MAX_IN_FLIGHT", func(c config.Serve) any { return c.Consumer.MaxInFlight }},
-	{"CONSUMER_LANES", func(c config.Serve) any { return c.Consumer.Lanes }},
-	{"CONSUMER_BATCH_MAX", func(c config.Serve) any { return c.Consumer.BatchMax }},
 	{"DRAIN_TIMEOUT", func(c config.Serve) any { return c.Consumer.DrainTimeout }},
 	{"KAFKA_COMMIT_EVERY_MESSAGE", func(c config.Serve) any { return c.Consumer.CommitEveryMessage }},
 }
@@ -162,8 +160,6 @@ func TestLoad_Defaults(t *testing.T) {
 			"LOG_LEVEL":                   slog.LevelInfo,
 			"LOG_FORMAT":                  "json",
 			"MAX_IN_FLIGHT":               2 * 1024, // 2 × PAYMENT_MAX_CONCURRENCY
-			"CONSUMER_LANES":              16,
-			"CONSUMER_BATCH_MAX":          16,
 			"DRAIN_TIMEOUT":               10 * time.Second,
 			"KAFKA_COMMIT_EVERY_MESSAGE":  false,
 		})
@@ -208,8 +204,6 @@ func TestLoad_Values(t *testing.T) {
 			"LOG_LEVEL":                   slog.LevelDebug,
 			"LOG_FORMAT":                  "text",
 			"MAX_IN_FLIGHT":               7,
-			"CONSUMER_LANES":              2,
-			"CONSUMER_BATCH_MAX":          3,
 			"DRAIN_TIMEOUT":               time.Minute,
 			"KAFKA_COMMIT_EVERY_MESSAGE":  true,
 		}
@@ -278,7 +272,7 @@ func TestLoad_Values(t *testing.T) {
 				t.Errorf("Log.Level = %v, want WARN", cfg.Log.Level)
 			}
 		}},
-		{"OK_LimitsAtBounds", []string{"DATABASE_MAX_CONNS=1000", "MAX_IN_FLIGHT=100000", "CONSUMER_LANES=1024", "CONSUMER_BATCH_MAX=1000", "PAYMENT_TIMEOUT=5m"}, nil},
+		{"OK_LimitsAtBounds", []string{"DATABASE_MAX_CONNS=1000", "MAX_IN_FLIGHT=100000", "PAYMENT_TIMEOUT=5m"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -380,12 +374,6 @@ func TestLoad_Errors(t *testing.T) {
 		{"ErrMaxInFlightNegative", []string{"MAX_IN_FLIGHT=-1"}, "MAX_IN_FLIGHT", ""},
 		{"ErrMaxInFlightTooMany", []string{"MAX_IN_FLIGHT=100001"}, "MAX_IN_FLIGHT", ""},
 		{"ErrMaxInFlightNotNumber", []string{"MAX_IN_FLIGHT=lots"}, "MAX_IN_FLIGHT", ""},
-		{"ErrConsumerLanesZero", []string{"CONSUMER_LANES=0"}, "CONSUMER_LANES", ""},
-		{"ErrConsumerLanesTooMany", []string{"CONSUMER_LANES=1025"}, "CONSUMER_LANES", ""},
-		{"ErrConsumerLanesNotNumber", []string{"CONSUMER_LANES=eight"}, "CONSUMER_LANES", ""},
-		{"ErrConsumerBatchMaxZero", []string{"CONSUMER_BATCH_MAX=0"}, "CONSUMER_BATCH_MAX", ""},
-		{"ErrConsumerBatchMaxTooMany", []string{"CONSUMER_BATCH_MAX=1001"}, "CONSUMER_BATCH_MAX", ""},
-		{"ErrConsumerBatchMaxNotNumber", []string{"CONSUMER_BATCH_MAX=1.5"}, "CONSUMER_BATCH_MAX", ""},
 		{"ErrDrainTimeoutZero", []string{"DRAIN_TIMEOUT=0s"}, "DRAIN_TIMEOUT", ""},
 		{"ErrDrainTimeoutNegative", []string{"DRAIN_TIMEOUT=-5s"}, "DRAIN_TIMEOUT", ""},
 		{"ErrDrainTimeoutUnparsable", []string{"DRAIN_TIMEOUT=soon"}, "DRAIN_TIMEOUT", ""},
@@ -442,7 +430,7 @@ func TestLoad_EveryProblemAtOnce(t *testing.T) {
 			[]string{"KAFKA_BROKERS", "KAFKA_TOPIC", "DATABASE_MAX_CONNS", "PAYMENT_TIMEOUT", "DRAIN_TIMEOUT", "HTTP_ADDR", "LOG_FORMAT"}},
 		// A value that cannot be read is reported as such, not a second
 		// time for the zero it leaves behind.
-		{"ErrUnreadableReportedOnce", minimalEnv(t, "CONSUMER_LANES=eight"), []string{"CONSUMER_LANES"}},
+		{"ErrUnreadableReportedOnce", minimalEnv(t, "MAX_IN_FLIGHT=eight"), []string{"MAX_IN_FLIGHT"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -644,5 +632,23 @@ func TestTopics_AsKafka(t *testing.T) {
 	var topics config.Topics
 	if err := config.Load(map[string]string{"KAFKA_DLQ_TOPIC": "orders.confirmed"}, &topics); err == nil {
 		t.Error("Topics accepted a dead-letter topic equal to the topic")
+	}
+}
+
+// A retired variable still set does not stop the process: it is named,
+// with what replaced it, so that nobody tunes a knob that turns nothing.
+func TestRetired(t *testing.T) {
+	t.Parallel()
+	env := minimalEnv(t, "CONSUMER_LANES=32", "CONSUMER_BATCH_MAX=32")
+	if _, err := load(t, env); err != nil {
+		t.Fatalf("a retired variable stopped the process: %v", err)
+	}
+	got := config.Retired(env)
+	if len(got) != 2 || !strings.HasPrefix(got[0], "CONSUMER_BATCH_MAX is set but no longer read: ") ||
+		!strings.HasPrefix(got[1], "CONSUMER_LANES is set but no longer read: ") || !strings.Contains(got[1], "MAX_IN_FLIGHT") {
+		t.Errorf("Retired = %q", got)
+	}
+	if got := config.Retired(minimalEnv(t)); len(got) != 0 {
+		t.Errorf("Retired without them = %q", got)
 	}
 }

@@ -85,7 +85,7 @@ func ConsumerConfig(k config.Kafka) (*sarama.Config, error) {
 	cfg.Consumer.Offsets.AutoCommit.Interval = time.Second
 	cfg.Consumer.Return.Errors = true
 	// Fetch in smaller bites than sarama's 1 MiB per partition: an event is
-	// a few hundred bytes, the lanes hold a few hundred of them per
+	// a few hundred bytes, the consumer holds a few hundred of them per
 	// partition, and a fetched batch stays in memory until its last message
 	// is finished. Larger messages are still fetched (Fetch.Max is 0).
 	cfg.Consumer.Fetch.Default = 128 << 10

@@ -21,10 +21,12 @@ import (
 	"example.com/billing/internal/metrics"
 )
 
-// Processor settles the values of consecutive messages of one lane and says
-// what became of each (billing.Processor).
+// Processor takes a message's event through billing (billing.Processor):
+// Submit returns at once, and done is called once, from another
+// goroutine, with what became of it (Pending, with why, when it must be
+// retried).
 type Processor interface {
-	Process(ctx context.Context, msgs []billing.Message) ([]billing.Result, error)
+	Submit(ctx context.Context, m billing.Message, done func(billing.Result, error))
 }
 
 // Parker parks a message in the dead-letter topic (package dlq): it
@@ -39,14 +41,10 @@ type Parker interface {
 type Options struct {
 	Topic string
 	Group string
-	// Lanes per partition: messages with different keys run concurrently,
-	// messages with the same key in offset order.
-	Lanes int
-	// BatchMax is the most messages of one lane handed to the processor at
-	// once (one transaction).
-	BatchMax int
 	// MaxInFlight bounds messages taken off partitions and not yet finished,
 	// across all partitions of this instance: back-pressure on fetching.
+	// Every key's oldest unfinished message is with billing at once; a
+	// key's later ones wait behind it, holding their slots.
 	MaxInFlight int
 	// MaxInFlightBytes bounds the same messages in bytes of keys and
 	// values; one message larger than it is still taken, alone. 0 means
@@ -224,9 +222,9 @@ func (c *Consumer) Cleanup(sess sarama.ConsumerGroupSession) error {
 }
 
 // ConsumeClaim implements sarama.ConsumerGroupHandler. It dispatches the
-// partition's messages to key-ordered lanes and returns when the claim ends
-// (revoked, or the session is over), after the lanes finished or abandoned
-// their work.
+// partition's messages to billing, one key at a time, and returns when the
+// claim ends (revoked, or the session is over), after the work in flight
+// finished or was abandoned.
 func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	p := c.newPartition(sess, claim)
 	c.mu.Lock()

@@ -50,7 +50,12 @@ func newRecorder() *recorder {
 	return &recorder{finished: map[string]int{}, hold: map[string]chan struct{}{}}
 }
 
-func (r *recorder) Process(ctx context.Context, msgs []billing.Message) ([]billing.Result, error) {
+func (r *recorder) Submit(ctx context.Context, m billing.Message, done func(billing.Result, error)) {
+	go func() { done(r.process(ctx, m)) }()
+}
+
+// process is what billing would take a while to do with m.
+func (r *recorder) process(ctx context.Context, m billing.Message) (billing.Result, error) {
 	n := r.inFlight.Add(1)
 	defer r.inFlight.Add(-1)
 	for {
@@ -59,29 +64,25 @@ func (r *recorder) Process(ctx context.Context, msgs []billing.Message) ([]billi
 			break
 		}
 	}
-	results := make([]billing.Result, len(msgs))
-	for i, m := range msgs {
-		s := string(m.Value)
-		if ch, ok := r.holdOf(s); ok {
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				return results, ctx.Err() // rest stays Pending
-			}
+	s := string(m.Value)
+	if ch, ok := r.holdOf(s); ok {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return billing.Result{}, ctx.Err() // Pending
 		}
-		if r.fail != nil && r.fail(s) {
-			return results, fmt.Errorf("outage for %s", s) // this and the rest stay Pending
-		}
-		if d := time.Duration(r.delay.Load()); d > 0 {
-			time.Sleep(d)
-		}
-		r.mu.Lock()
-		r.seen = append(r.seen, s)
-		r.finished[s]++
-		r.mu.Unlock()
-		results[i].Outcome = billing.Charged
 	}
-	return results, nil
+	if r.fail != nil && r.fail(s) {
+		return billing.Result{}, fmt.Errorf("outage for %s", s) // Pending
+	}
+	if d := time.Duration(r.delay.Load()); d > 0 {
+		time.Sleep(d)
+	}
+	r.mu.Lock()
+	r.seen = append(r.seen, s)
+	r.finished[s]++
+	r.mu.Unlock()
+	return billing.Result{Outcome: billing.Charged}, nil
 }
 
 // failingRecorder is a recorder that fails the values starting with prefix
@@ -192,7 +193,7 @@ func (m *member) stop(t *testing.T) {
 }
 
 func options() kafka.Options {
-	return kafka.Options{Lanes: 8, BatchMax: 4, MaxInFlight: 64, DrainTimeout: 5 * time.Second}
+	return kafka.Options{MaxInFlight: 64, DrainTimeout: 5 * time.Second}
 }
 
 func TestConsumer_KeysRunConcurrentlyEachInOffsetOrder(t *testing.T) {
@@ -228,7 +229,7 @@ func TestConsumer_KeysRunConcurrentlyEachInOffsetOrder(t *testing.T) {
 		t.Errorf("%d keys processed, want %d", len(next), 2*keys)
 	}
 	if rec.maxFlight.Load() < 4 {
-		t.Errorf("at most %d batches ran at once: lanes are not concurrent", rec.maxFlight.Load())
+		t.Errorf("at most %d messages ran at once: keys are not concurrent", rec.maxFlight.Load())
 	}
 }
 
@@ -272,9 +273,8 @@ func TestConsumer_AFailingKeyHoldsOnlyItsOwnMessages(t *testing.T) {
 	client := kafkatest.Client(t, b.Addr())
 	rec, outage := failingRecorder("bad")
 
-	// bad-0 fails until the outage ends; bad-1, a later message of its key,
-	// must wait for it; every other key goes on, those of the bad key's
-	// lane too.
+	// bad-0 fails until the outage ends; "later", a later message of its
+	// key, must wait for it; every other key goes on.
 	var msgs []kafkatest.Message
 	msgs = append(msgs, kafkatest.Message{Key: []byte("bad-key"), Value: []byte("bad-0")})
 	for i := range 30 {
@@ -356,8 +356,8 @@ func TestConsumer_AStuckKeyDoesNotStopThousandsBehindIt(t *testing.T) {
 	if got := testutil.ToFloat64(mb.metrics.Retrying); got != 5 {
 		t.Errorf("billing_messages_retrying = %v, want 5 (the stuck key's messages)", got)
 	}
-	if max := rec.maxFlight.Load(); max > int32(opts.Lanes) {
-		t.Errorf("%d batches at once, more than %d lanes", max, opts.Lanes)
+	if max := rec.maxFlight.Load(); max > int32(opts.MaxInFlight) {
+		t.Errorf("%d messages at once, more than MaxInFlight %d", max, opts.MaxInFlight)
 	}
 
 	outage.Store(false)
@@ -453,33 +453,28 @@ func TestConsumer_StaticMemberRestartDoesNotRebalanceTheOthers(t *testing.T) {
 	}
 }
 
-// sizer is a processor that keeps each batch a while and records the most
-// value bytes it held at once.
+// sizer is a processor that keeps each message a while and records the
+// most value bytes it held at once.
 type sizer struct{ inFlight, peak atomic.Int64 }
 
-func (s *sizer) Process(ctx context.Context, msgs []billing.Message) ([]billing.Result, error) {
-	var n int64
-	for _, m := range msgs {
-		n += int64(len(m.Value))
-	}
+func (s *sizer) Submit(_ context.Context, m billing.Message, done func(billing.Result, error)) {
+	n := int64(len(m.Value))
 	cur := s.inFlight.Add(n)
-	defer s.inFlight.Add(-n)
 	for {
 		p := s.peak.Load()
 		if cur <= p || s.peak.CompareAndSwap(p, cur) {
 			break
 		}
 	}
-	time.Sleep(50 * time.Millisecond)
-	results := make([]billing.Result, len(msgs))
-	for i := range results {
-		results[i].Outcome = billing.Charged
-	}
-	return results, nil
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		s.inFlight.Add(-n)
+		done(billing.Result{Outcome: billing.Charged}, nil)
+	}()
 }
 
 // MaxInFlightBytes bounds what is taken off the partitions in bytes: with
-// 8 lanes of 4 messages, 200 KB messages would put 6.4 MB in flight; a
+// 64 messages in flight, 200 KB messages would put 12.8 MB in flight; a
 // 1 MiB budget lets at most one message more than fits through.
 func TestConsumer_InFlightBytesAreBounded(t *testing.T) {
 	b := kafkatest.Start(t, 1)
@@ -508,9 +503,9 @@ func TestConsumer_InFlightBytesAreBounded(t *testing.T) {
 
 // Finished messages are garbage: nothing of the consumer's keeps them
 // alive. sarama slices a message's value out of its whole fetch response,
-// so one stale pointer holds a response; the lanes' reused batch arrays and
-// the dispatcher's popped queue slots held dozens (a backlog of 900 KB
-// values peaked at 150 MiB RSS where it now needs 72, BENCHMARKS.md).
+// so one stale pointer holds a response; reused batch arrays and popped
+// queue slots once held dozens (a backlog of 900 KB values peaked at 150
+// MiB RSS where it later needed 72, BENCHMARKS.md).
 func TestConsumer_FinishedMessagesAreNotKeptInMemory(t *testing.T) {
 	b := kafkatest.Start(t, 1)
 	client := kafkatest.Client(t, b.Addr())
@@ -522,7 +517,7 @@ func TestConsumer_FinishedMessagesAreNotKeptInMemory(t *testing.T) {
 	before := heapInUse()
 	startMember(t, b, &sizer{}, options(), "") // keeps nothing of the values
 	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
-	time.Sleep(200 * time.Millisecond) // the last batch's lane returns to its queue
+	time.Sleep(200 * time.Millisecond) // the last answers are handled
 	held := int64(heapInUse()) - int64(before)
 	t.Logf("%.1f MiB more in use after the backlog was finished", float64(held)/(1<<20))
 	if held > 8<<20 {
@@ -542,15 +537,12 @@ func heapInUse() uint64 {
 // parkBad parks values starting with "bad" and charges the rest.
 type parkBad struct{}
 
-func (parkBad) Process(_ context.Context, msgs []billing.Message) ([]billing.Result, error) {
-	results := make([]billing.Result, len(msgs))
-	for i, m := range msgs {
-		results[i].Outcome = billing.Charged
-		if strings.HasPrefix(string(m.Value), "bad") {
-			results[i] = billing.Result{Outcome: billing.Parked, Code: billing.CodeInvalidEvent, Detail: "not an event"}
-		}
+func (parkBad) Submit(_ context.Context, m billing.Message, done func(billing.Result, error)) {
+	r := billing.Result{Outcome: billing.Charged}
+	if strings.HasPrefix(string(m.Value), "bad") {
+		r = billing.Result{Outcome: billing.Parked, Code: billing.CodeInvalidEvent, Detail: "not an event"}
 	}
-	return results, nil
+	go done(r, nil)
 }
 
 // A dead-letter topic that takes no writes (here: it does not exist yet) is
@@ -589,16 +581,16 @@ func TestConsumer_ADeadLetterOutageIsRetriedNotSkipped(t *testing.T) {
 	}
 }
 
-// A partition released while a held key's retry is due mid-batch gives up
-// every message once: abandoning the batch and the held keys must not free
-// a retried message's in-flight slot twice (a lane then waits for ever for
-// a slot to free, and the member never stops).
+// A partition released while a key waits for its retry and others are in
+// flight gives up every message once: freeing a message's in-flight slot
+// twice (or never) leaves the member waiting for ever for a slot, and it
+// never stops.
 func TestConsumer_ReleaseWhileAKeyIsHeldGivesUpEachMessageOnce(t *testing.T) {
 	b := kafkatest.Start(t, 1)
 	client := kafkatest.Client(t, b.Addr())
 	rec, _ := failingRecorder("bad")
-	// A batch takes longer than the held key's first backoffs: its retry
-	// falls due while the lane is busy.
+	// A message takes longer than the held key's first backoffs: its retry
+	// falls due while others are in flight.
 	rec.delay.Store(int64(100 * time.Millisecond))
 	msgs := []kafkatest.Message{{Key: []byte("bad"), Value: []byte("bad-0")}}
 	for i := range 2000 {
@@ -606,7 +598,6 @@ func TestConsumer_ReleaseWhileAKeyIsHeldGivesUpEachMessageOnce(t *testing.T) {
 	}
 	kafkatest.Produce(t, client, b.Topic, msgs...)
 	opts := options()
-	opts.Lanes = 1 // the held key and the busy batches share the lane
 	for round := range 3 {
 		mb := startMember(t, b, rec, opts, "")
 		wait.For(t, 20*time.Second, "the failing key retried", func() bool {
@@ -622,5 +613,29 @@ func TestConsumer_ReleaseWhileAKeyIsHeldGivesUpEachMessageOnce(t *testing.T) {
 		if got := testutil.ToFloat64(mb.metrics.Retrying); got != 0 {
 			t.Errorf("round %d: billing_messages_retrying = %v after the release, want 0", round, got)
 		}
+	}
+}
+
+// What is in flight follows the work, not the shape of the partitions: a
+// single partition with many keys and a slow provider has every key's
+// message with billing at once, up to MaxInFlight. (Lanes × batch capped
+// one partition at 256 before, each batch waiting for its slowest answer.)
+func TestConsumer_InFlightFollowsTheWorkNotThePartitions(t *testing.T) {
+	b := kafkatest.Start(t, 1)
+	client := kafkatest.Client(t, b.Addr())
+	const keys = 600
+	var msgs []kafkatest.Message
+	for i := range keys {
+		msgs = append(msgs, kafkatest.Message{Key: []byte("k" + strconv.Itoa(i)), Value: []byte("v" + strconv.Itoa(i))})
+	}
+	kafkatest.Produce(t, client, b.Topic, msgs...)
+	rec := newRecorder()
+	rec.delay.Store(int64(500 * time.Millisecond))
+	opts := options()
+	opts.MaxInFlight = 400
+	startMember(t, b, rec, opts, "")
+	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
+	if got := rec.maxFlight.Load(); got < 350 || got > int32(opts.MaxInFlight) {
+		t.Errorf("at most %d messages with billing at once, want close to MaxInFlight %d", got, opts.MaxInFlight)
 	}
 }

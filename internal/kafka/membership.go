@@ -18,7 +18,7 @@ import (
 // provider (a network partition: a zombie) is evicted by the coordinator
 // after the session timeout, and its partitions go to other members, while
 // sarama here still believes in the session: its heartbeat waits up to
-// Net.ReadTimeout (30 s), several times, before it gives up. The lanes would
+// Net.ReadTimeout (30 s), several times, before it gives up. The consumer would
 // meanwhile go on charging what was fetched. That cannot double-charge —
 // every event is claimed in the database, which decides between the zombie
 // and the new owner — but a zombie should stop acting on a belief it cannot
@@ -28,7 +28,7 @@ import (
 // (or with a rebalance in progress) confirms the membership from the
 // moment it was sent: the coordinator cannot evict the member before that
 // moment plus the session timeout. Past that, the membership has lapsed:
-// no new work starts (lanes wait), readiness says so, and an error is
+// no new message goes to billing, readiness says so, and an error is
 // logged. A later confirmation resumes the work (the coordinator had only
 // moved, say); an eviction ends the session through sarama as usual, and
 // the abandoned work is not marked.
@@ -105,6 +105,14 @@ func (m *membership) holds() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return !m.lapsed
+}
+
+// changes returns a channel closed when the membership next lapses or is
+// confirmed again.
+func (m *membership) changes() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.changed
 }
 
 // unconfirmedFor is the time since the coordinator last confirmed the

@@ -83,11 +83,11 @@ type startLog struct {
 	starts []time.Time
 }
 
-func (s *startLog) Process(ctx context.Context, msgs []billing.Message) ([]billing.Result, error) {
+func (s *startLog) Submit(ctx context.Context, m billing.Message, done func(billing.Result, error)) {
 	s.mu.Lock()
 	s.starts = append(s.starts, time.Now())
 	s.mu.Unlock()
-	return s.proc.Process(ctx, msgs)
+	s.proc.Submit(ctx, m, done)
 }
 
 func (s *startLog) count() int {

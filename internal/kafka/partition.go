@@ -1,17 +1,15 @@
 package kafka
 
-// This file is one claimed partition's life: its lanes (one key, one lane,
-// in offset order), each lane's batches handed to billing and retried
-// until finished, and the commit rule where offsets are marked. dispatch.go
-// feeds the lanes from the claim.
+// This file is one claimed partition's life: its messages are taken off
+// the claim while the in-flight budget allows, handed to billing one key
+// at a time (one key's messages in offset order, every key at once), and
+// finished — counted, marked under the commit rule, or parked — as billing
+// answers; a key whose message must be retried waits for it alone.
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -20,357 +18,397 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.17.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/billing"
+	"example.com/billing/internal/tracing"
 )
 
-// partition is the consumption of one claimed partition.
+// partition is the consumption of one claimed partition. Its state is
+// owned by the goroutine of run; billing's answers, the dead-letter
+// writes and the retry timers reach it through its inbox.
 type partition struct {
 	c     *Consumer
 	sess  sarama.ConsumerGroupSession
 	topic string
 	id    int32
 
-	tracker tracker
-	pos     *position
-	lanes   []chan *message
-	// room is signalled when a lane takes messages off its queue.
-	room chan struct{}
-	// stopped is closed when the claim ends: no new attempt starts, no retry
-	// waits any longer, queued messages are abandoned.
-	stopped chan struct{}
-	// work is the context of attempts. It outlives the claim by the drain
-	// timeout so that a transaction in progress can commit rather than be
-	// cut off half way.
+	tracker      tracker
+	pos          *position
+	waiting      []waiting // read off the claim, not yet taken (no in-flight slot yet)
+	waitingBytes int64
+	keys         map[string]*key // keys with messages taken and unfinished
+	held         []*key          // keys whose next message waits for the membership to be confirmed
+	// inFlight counts messages handed to billing or to the dead-letter
+	// writer whose answer has not come back.
+	inFlight int
+	inbox    *inbox
+	// retried and retrying feed the "retrying messages" log line, written
+	// once a second at most rather than for each message of an outage.
+	retried  int
+	lastWarn time.Time
+	// work is the context of the messages handed out. It outlives the
+	// claim by the drain timeout so that a transaction in progress can
+	// commit rather than be cut off half way.
 	work       context.Context
 	cancelWork context.CancelFunc
 }
 
+// key is one key's unfinished messages, in offset order.
+type key struct {
+	name string
+	msgs []*message // msgs[0] is with billing, or waits for its retry
+	busy bool       // msgs[0] is with billing or the dead-letter writer
+	// waiting: msgs[0] failed and waits for its retry (counted, with the
+	// messages behind it, in billing_messages_retrying).
+	waiting bool
+	retry   *backoff.ExponentialBackOff
+	timer   *time.Timer
+}
+
+// message is a record taken off a claim, with the time it was taken and the
+// span of its processing.
+type message struct {
+	msg   *sarama.ConsumerMessage
+	taken time.Time
+	span  trace.Span
+	size  int64 // key and value bytes, counted in Consumer.bytes until finished
+}
+
+// sizeOf is what a message counts against MaxInFlightBytes.
+func sizeOf(m *sarama.ConsumerMessage) int64 { return int64(len(m.Key) + len(m.Value)) }
+
+// answer is what comes back for a message handed out: billing's result, a
+// dead-letter write's, or a retry that is due (m nil, k set).
+type answer struct {
+	m      *message
+	res    billing.Result
+	err    error
+	parked bool // the dead-letter writer's answer: err nil when the DLQ took it
+	due    *key
+}
+
 func (c *Consumer) newPartition(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *partition {
 	work, cancel := context.WithCancel(context.WithoutCancel(sess.Context()))
-	p := &partition{
+	return &partition{
 		c:          c,
 		sess:       sess,
 		topic:      claim.Topic(),
 		id:         claim.Partition(),
 		pos:        newPosition(claim.InitialOffset()),
-		lanes:      make([]chan *message, c.opts.Lanes),
-		room:       make(chan struct{}, 1),
-		stopped:    make(chan struct{}),
+		keys:       make(map[string]*key),
+		inbox:      newInbox(),
 		work:       work,
 		cancelWork: cancel,
 	}
-	for i := range p.lanes {
-		// A short queue per lane: enough to fill a batch, small enough that
-		// one slow key does not hoard the in-flight budget.
-		p.lanes[i] = make(chan *message, c.opts.BatchMax)
-	}
-	return p
 }
 
+// run consumes messages until the claim ends, then lets the work in flight
+// finish within the drain timeout and gives up the rest, unmarked: the
+// partition's next owner gets it again.
 func (p *partition) run(messages <-chan *sarama.ConsumerMessage) {
-	var lanes sync.WaitGroup
-	for _, lane := range p.lanes {
-		lanes.Go(func() { p.runLane(lane) })
-	}
-
-	p.dispatch(messages)
-
-	close(p.stopped)
-	for _, lane := range p.lanes {
-		close(lane)
-	}
-	drained := make(chan struct{})
-	go func() { lanes.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(p.c.opts.DrainTimeout):
-		p.c.log.Warn("drain timeout: abandoning in-flight work", "topic", p.topic, "partition", p.id)
-		p.cancelWork()
-		<-drained
-	}
+	p.consume(messages)
+	p.drain()
 	p.cancelWork()
+	p.inbox.close()
 }
 
-// laneOf maps a key to a lane: one key, one lane, so one key's messages are
-// handled in offset order.
-func laneOf(key []byte, lanes int) int {
-	h := fnv.New32a()
-	h.Write(key)
-	return int(h.Sum32() % uint32(lanes))
-}
-
-// held is a key of a lane whose oldest unfinished message failed for a
-// reason outside the event (an outage) and waits to be tried again. The
-// key's later messages wait behind it, in offset order; the lane's other
-// keys go on.
-type held struct {
-	msgs   []*message // msgs[0] is tried again at at
-	at     time.Time
-	trying bool // msgs[0] is in the batch being settled
-	// first: msgs[0] was the first message its attempt left pending, the
-	// likely cause of the others' failing with it; it goes last next time.
-	first bool
-	// retry is shared by the keys that failed in the same attempt, so that
-	// keys failing together (a database outage) are retried together, in
-	// one batch, and back off as one.
-	retry *backoff.ExponentialBackOff
-	tries int // attempts of msgs[0] so far
-}
-
-// lane runs one lane: it takes batches of its keys' messages, settles them,
-// and sets a key aside when its message must be retried, so that one failing
-// key holds back only its own messages.
-type lane struct {
-	p     *partition
-	in    <-chan *message
-	held  map[string]*held
-	count int     // messages in held
-	due   []*held // scratch space of next
-}
-
-func (p *partition) runLane(in <-chan *message) {
-	l := &lane{p: p, in: in, held: make(map[string]*held)}
-	batch := make([]*message, 0, p.c.opts.BatchMax)
-	for {
-		batch, open := l.next(batch[:0])
-		// A member the coordinator no longer confirms may have lost its
-		// partitions: it starts nothing until confirmed again.
-		if p.isStopped() || !open || !p.c.member.await(p.stopped) {
-			l.abandon(batch)
-			return
-		}
-		l.settle(batch)
-		clear(batch) // finished messages must not stay alive in the reused array
-	}
-}
-
-// next fills batch with the messages to try now: messages off the lane's
-// queue (setting aside those of held keys), then the held keys whose retry
-// is due. It blocks until there is one, and reports false when the queue
-// is closed or the claim ended.
+// consume reads the claim's messages and handles the answers until the
+// claim ends (a revocation closes messages), the session ends, or the
+// partition is consumed again from the database's position.
 //
-// The retried messages go last: a processor that stops at a failing event
-// and leaves the rest of the batch pending (as a transaction does) then
-// settles the new messages before it meets the failing one again, instead
-// of failing them with it.
-func (l *lane) next(batch []*message) ([]*message, bool) {
+// It never blocks on anything but its inputs, so that it sees the end of
+// the claim at once, even when every in-flight slot is taken or keys are
+// stuck retrying: revocation must not wait for an outage to end. So it
+// reads the claim all the time; a message read waits in p.waiting until it
+// can be taken: with an in-flight slot (MaxInFlight, all partitions of this
+// instance) and while the messages in flight hold less than
+// MaxInFlightBytes (a message larger than the whole budget goes when
+// nothing else is in flight). When too much waits, fetching the partition
+// is paused until it drains: what sarama had fetched still arrives, nothing
+// more. Memory stays bounded whatever the keys do.
+func (p *partition) consume(messages <-chan *sarama.ConsumerMessage) {
+	done := p.sess.Context().Done()
+	paused := false
+	defer func() {
+		if paused {
+			p.c.group.Resume(map[string][]int32{p.topic: {p.id}})
+		}
+	}()
 	for {
-		now := time.Now()
-		var wake time.Time
-		due := l.due[:0]
-		for _, h := range l.held {
-			switch {
-			case h.trying:
-			case !h.at.After(now) && len(due) < cap(batch):
-				h.trying = true
-				due = append(due, h)
-			case wake.IsZero() || h.at.Before(wake):
-				wake = h.at
+		var slot chan<- struct{}
+		var overBytes <-chan time.Time // ticks while the byte budget is spent
+		if len(p.waiting) > 0 {
+			if p.c.overBudget() {
+				// Finished messages free bytes on any partition: look
+				// again in a few milliseconds.
+				overBytes = time.After(5 * time.Millisecond)
+			} else {
+				slot = p.c.tokens
 			}
 		}
-		// Of the retried messages, the first to fail last time go last:
-		// the others, pending only because they were behind it, get
-		// through.
-		slices.SortStableFunc(due, func(a, b *held) int {
-			switch {
-			case a.first == b.first:
-				return 0
-			case a.first:
-				return 1
-			}
-			return -1
-		})
-		l.due = due
-		open := true
-	fill:
-		for len(batch)+len(due) < cap(batch) {
-			select {
-			case m, ok := <-l.in:
-				if !ok {
-					open = false
-					break fill
-				}
-				l.took()
-				batch = l.admit(batch, m)
-			default:
-				break fill
-			}
-		}
-		for _, h := range due {
-			batch = append(batch, h.msgs[0])
-		}
-		clear(due)
-		if len(batch) > 0 || !open {
-			return batch, open
-		}
-
-		var timer <-chan time.Time
-		if !wake.IsZero() {
-			timer = time.After(time.Until(wake))
+		var confirmed <-chan struct{}
+		if len(p.held) > 0 {
+			confirmed = p.c.member.changes()
 		}
 		select {
-		case m, ok := <-l.in:
+		case m, ok := <-messages:
 			if !ok {
-				return batch, false
+				return
 			}
-			l.took()
-			batch = l.admit(batch, m) // and fill the batch from the top
-		case <-timer:
-		case <-l.p.stopped:
-			return batch, false
+			p.tracker.add(m.Offset)
+			p.waiting = append(p.waiting, waiting{msg: m, read: time.Now()})
+			p.waitingBytes += sizeOf(m)
+			if !paused && (len(p.waiting) >= maxWaiting || p.waitingBytes >= maxWaitingBytes) {
+				p.c.group.Pause(map[string][]int32{p.topic: {p.id}})
+				paused = true
+			}
+		case slot <- struct{}{}:
+			w := p.waiting[0]
+			p.waiting[0] = waiting{} // the backing array must not keep it alive
+			p.waiting = p.waiting[1:]
+			p.waitingBytes -= sizeOf(w.msg)
+			if paused && len(p.waiting) <= maxWaiting/2 && p.waitingBytes < maxWaitingBytes/2 {
+				p.c.group.Resume(map[string][]int32{p.topic: {p.id}})
+				paused = false
+			}
+			p.take(w)
+		case <-p.inbox.ready:
+			for _, a := range p.inbox.takeAll() {
+				p.handle(a, false)
+			}
+		case <-confirmed:
+			p.startHeld()
+		case <-overBytes:
+		case <-done:
+			return
+		case <-p.pos.rewound: // consumed again from the database's position, in a session of its own
+			return
 		}
 	}
 }
 
-// admit adds m to batch, or to its key's held messages when the key waits
-// for a retry: one key's messages are settled in offset order.
-func (l *lane) admit(batch []*message, m *message) []*message {
-	if h, ok := l.held[string(m.msg.Key)]; ok {
-		h.msgs = append(h.msgs, m)
-		l.hold(1)
-		return batch
-	}
-	return append(batch, m)
+// A partition pauses fetching while this much waits to be taken: a few
+// hundred events, or one large message.
+const (
+	maxWaiting      = 256
+	maxWaitingBytes = 1 << 20
+)
+
+// waiting is a message read off the claim and not yet taken.
+type waiting struct {
+	msg  *sarama.ConsumerMessage
+	read time.Time
 }
 
-// took tells the dispatcher, which may be waiting for room in this lane's
-// queue, that a message left it.
-func (l *lane) took() {
-	select {
-	case l.p.room <- struct{}{}:
+// overBudget reports whether the messages in flight hold MaxInFlightBytes.
+func (c *Consumer) overBudget() bool {
+	spent := c.bytes.Load()
+	return spent > 0 && spent >= c.opts.MaxInFlightBytes
+}
+
+// take starts the processing span of w's message (a consumer span below
+// the producer's, whose trace context travels in the record's headers) and
+// queues it behind its key's unfinished messages, handing it to billing at
+// once when there are none. It holds an in-flight slot from now on.
+func (p *partition) take(w waiting) {
+	m := w.msg
+	parent := tracing.Propagator().Extract(context.Background(), consumerHeaders(m.Headers))
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(messageAttributes(m, p.c.opts.Group)...),
+	}
+	if trace.SpanContextFromContext(parent).IsValid() {
+		// Child of the producer's span and linked to it, as the messaging
+		// conventions describe for a message processed on its own.
+		opts = append(opts, trace.WithLinks(trace.LinkFromContext(parent)))
+	}
+	_, span := p.c.tracer.Start(parent, p.topic+" process", opts...)
+	size := sizeOf(m)
+	p.c.bytes.Add(size)
+	msg := &message{msg: m, taken: w.read, span: span, size: size}
+
+	name := string(m.Key)
+	k, ok := p.keys[name]
+	if !ok {
+		k = &key{name: name}
+		p.keys[name] = k
+	}
+	k.msgs = append(k.msgs, msg)
+	switch {
+	case k.waiting:
+		p.c.metrics.Retrying.Inc()
+	case len(k.msgs) == 1:
+		p.start(k)
+	}
+}
+
+// start hands k's oldest unfinished message to billing; while the
+// coordinator does not confirm the membership it waits (held), since the
+// partition may be another member's by now.
+func (p *partition) start(k *key) {
+	if !p.c.member.holds() {
+		p.held = append(p.held, k)
+		return
+	}
+	k.busy = true
+	p.inFlight++
+	m := k.msgs[0]
+	msg := billing.Message{Value: m.msg.Value, Trace: m.span.SpanContext(), ID: p.messageID(m.msg)}
+	p.c.proc.Submit(p.work, msg, func(r billing.Result, err error) {
+		p.inbox.post(answer{m: m, res: r, err: err})
+	})
+}
+
+// startHeld starts the held keys once the membership is confirmed again.
+func (p *partition) startHeld() {
+	if !p.c.member.holds() {
+		return
+	}
+	held := p.held
+	p.held = nil
+	for _, k := range held {
+		p.start(k)
+	}
+}
+
+// handle acts on an answer. draining: the claim has ended, so nothing is
+// retried or started any more; what cannot finish now is given up.
+func (p *partition) handle(a answer, draining bool) {
+	if a.due != nil {
+		a.due.timer = nil
+		if !draining {
+			p.resume(a.due)
+		}
+		return
+	}
+	p.inFlight--
+	k := p.keys[string(a.m.msg.Key)]
+	k.busy = false
+	switch {
+	case a.parked && a.err != nil:
+		p.retry(k, a.err, "dlq", billing.Retry{}, draining)
+	case a.parked:
+		p.done(k, a.res)
+	case a.res.Outcome == billing.Pending:
+		retry := billing.RetryFor(a.err)
+		p.retry(k, a.err, retry.Cause, retry, draining)
+	case a.res.Outcome == billing.Parked:
+		p.park(k, a.res)
 	default:
+		p.done(k, a.res)
 	}
 }
 
-func (l *lane) hold(n int) {
-	l.count += n
-	l.p.c.metrics.Retrying.Add(float64(n))
+// park writes k's message to the dead-letter topic, on a goroutine of its
+// own: the broker's acknowledgement comes back as an answer.
+func (p *partition) park(k *key, r billing.Result) {
+	k.busy = true
+	p.inFlight++
+	m := k.msgs[0]
+	go func() {
+		code, err := p.c.dlq.Park(m.msg, r.Reason())
+		if err == nil && code != r.Code { // parked as a reference: say so, and why it was parked
+			r.Code, r.Detail = code, r.Reason()
+		}
+		p.inbox.post(answer{m: m, res: r, err: err, parked: true})
+	}()
 }
 
-// settle tries batch once: finished messages are counted and marked (a
-// held key's next message is then due at once); messages billing left
-// pending set their key aside until a retry with exponential backoff and
-// jitter.
-func (l *lane) settle(batch []*message) {
-	p := l.p
-	msgs := make([]billing.Message, len(batch))
-	for i, m := range batch {
-		msgs[i] = billing.Message{Value: m.msg.Value, Trace: m.span.SpanContext(), ID: p.messageID(m.msg)}
+// done finishes k's oldest message with r and starts its next one.
+func (p *partition) done(k *key, r billing.Result) {
+	m := k.msgs[0]
+	k.msgs[0] = nil // the backing array must not keep it alive
+	k.msgs = k.msgs[1:]
+	p.finish(m, r)
+	if k.waiting {
+		k.waiting = false
+		p.c.metrics.Retrying.Sub(float64(len(k.msgs) + 1))
 	}
-	results, err := p.c.proc.Process(p.work, msgs)
+	k.retry = nil
+	if len(k.msgs) == 0 {
+		delete(p.keys, k.name)
+		return
+	}
+	p.start(k)
+}
 
-	retryAs := billing.RetryFor(err)
-	failed := retryAs.Cause
-	var again []*message
-	for i, r := range results {
-		m := batch[i]
-		switch r.Outcome {
-		case billing.Pending:
-			again = append(again, m)
-			continue
-		case billing.Parked:
-			code, perr := p.c.dlq.Park(m.msg, r.Reason())
-			if perr != nil {
-				err, failed = errors.Join(err, perr), "dlq"
-				again = append(again, m)
-				continue
+// retry sets k aside until its message is tried again, with exponential
+// backoff and jitter (at least the provider's Retry-After); its later
+// messages wait behind it. The other keys go on.
+func (p *partition) retry(k *key, err error, cause string, hint billing.Retry, draining bool) {
+	if draining {
+		return // given up with the rest when the drain ends
+	}
+	if k.retry == nil {
+		k.retry = backoff.NewExponentialBackOff()
+		k.retry.InitialInterval = 100 * time.Millisecond
+		k.retry.MaxInterval = 5 * time.Second
+	}
+	wait := max(k.retry.NextBackOff(), hint.After)
+	if !k.waiting {
+		k.waiting = true
+		p.c.metrics.Retrying.Add(float64(len(k.msgs)))
+	}
+	k.timer = time.AfterFunc(wait, func() { p.inbox.post(answer{due: k}) })
+	p.c.metrics.Retries.WithLabelValues(cause).Inc()
+	p.retried++
+	if now := time.Now(); now.Sub(p.lastWarn) >= time.Second {
+		p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
+			"offset", k.msgs[0].msg.Offset, "trace_id", traceID(k.msgs[0].span), "messages", p.retried,
+			"keys_waiting", p.waitingKeys(), "cause", cause, "retry_in", wait, "err", err)
+		p.retried, p.lastWarn = 0, now
+	}
+}
+
+// resume tries k's message again.
+func (p *partition) resume(k *key) {
+	if len(k.msgs) == 0 || k.busy {
+		return
+	}
+	p.start(k)
+}
+
+func (p *partition) waitingKeys() int {
+	n := 0
+	for _, k := range p.keys {
+		if k.waiting {
+			n++
+		}
+	}
+	return n
+}
+
+// drain lets the messages with billing or the dead-letter writer finish,
+// within the drain timeout, and then gives up every unfinished message.
+func (p *partition) drain() {
+	for _, k := range p.keys {
+		if k.timer != nil {
+			k.timer.Stop()
+		}
+	}
+	timeout := time.NewTimer(p.c.opts.DrainTimeout)
+	defer timeout.Stop()
+	for p.inFlight > 0 {
+		select {
+		case <-p.inbox.ready:
+			for _, a := range p.inbox.takeAll() {
+				p.handle(a, true)
 			}
-			if code != r.Code { // parked as a reference: say so, and why it was parked
-				r.Code, r.Detail = code, r.Reason()
-			}
-		}
-		p.finish(m, r)
-		l.release(m)
-	}
-	if len(again) == 0 {
-		return
-	}
-
-	// The keys that failed together back off together, on the backoff of
-	// the longest-failing of them.
-	var retry *backoff.ExponentialBackOff
-	tries := 0
-	for _, m := range again {
-		if h, ok := l.held[string(m.msg.Key)]; ok && h.msgs[0] == m && h.tries > tries {
-			retry, tries = h.retry, h.tries
+		case <-timeout.C:
+			p.c.log.Warn("drain timeout: abandoning in-flight work", "topic", p.topic, "partition", p.id, "in_flight", p.inFlight)
+			p.inFlight = 0
 		}
 	}
-	if retry == nil {
-		retry = backoff.NewExponentialBackOff()
-		retry.InitialInterval = 100 * time.Millisecond
-		retry.MaxInterval = 5 * time.Second
-	}
-	wait := max(retry.NextBackOff(), retryAs.After)
-	at := time.Now().Add(wait)
-	for _, m := range again {
-		key := string(m.msg.Key)
-		h, ok := l.held[key]
-		switch {
-		case !ok:
-			h = &held{msgs: []*message{m}}
-			l.held[key] = h
-			l.hold(1)
-		case h.msgs[0] != m:
-			// A later message of a key that failed earlier in this batch:
-			// it waits behind it. Messages admitted since are later still.
-			h.msgs = append(h.msgs, nil)
-			copy(h.msgs[2:], h.msgs[1:])
-			h.msgs[1] = m
-			l.hold(1)
-			continue
+	for name, k := range p.keys {
+		p.abandon(k.msgs)
+		if k.waiting {
+			p.c.metrics.Retrying.Sub(float64(len(k.msgs)))
 		}
-		h.at, h.retry, h.tries, h.trying, h.first = at, retry, h.tries+1, false, m == again[0]
+		delete(p.keys, name)
 	}
-	p.c.metrics.Retries.WithLabelValues(failed).Inc()
-	p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
-		"offset", again[0].msg.Offset, "trace_id", traceID(again[0].span), "messages", len(again),
-		"keys_held", len(l.held), "attempt", tries+1, "retry_in", wait, "err", err)
-}
-
-// release ends m's hold on its key, if it held it: the key's next message
-// is due at once.
-func (l *lane) release(m *message) {
-	key := string(m.msg.Key)
-	h, ok := l.held[key]
-	if !ok || h.msgs[0] != m {
-		return
-	}
-	l.hold(-1)
-	h.msgs[0] = nil
-	h.msgs = h.msgs[1:]
-	if len(h.msgs) == 0 {
-		delete(l.held, key)
-		return
-	}
-	h.at, h.retry, h.tries, h.trying = time.Time{}, nil, 0, false
-}
-
-// abandon gives up the lane's messages when the claim ends: batch, the held
-// keys' messages and whatever is still queued.
-func (l *lane) abandon(batch []*message) {
-	// A held key's message in the batch goes with its key below.
-	l.p.abandon(slices.DeleteFunc(batch, func(m *message) bool {
-		h := l.held[string(m.msg.Key)]
-		return h != nil && h.msgs[0] == m
-	}))
-	for key, h := range l.held {
-		l.p.abandon(h.msgs)
-		l.hold(-len(h.msgs))
-		delete(l.held, key)
-	}
-	for m := range l.in {
-		l.p.abandon([]*message{m})
-	}
-}
-
-func (p *partition) isStopped() bool {
-	select {
-	case <-p.stopped:
-		return true
-	default:
-		return false
-	}
+	p.held = nil
+	p.waiting = nil // never taken: neither counted nor marked
 }
 
 // finish counts a finished message, marks what became committable and
@@ -446,4 +484,46 @@ func (p *partition) abandon(ms []*message) {
 // partition and offset identify it across redeliveries and processes.
 func (p *partition) messageID(m *sarama.ConsumerMessage) string {
 	return fmt.Sprintf("%s/%s/%d/%d", p.c.opts.Group, m.Topic, m.Partition, m.Offset)
+}
+
+// inbox is where answers wait for the partition's goroutine: posting never
+// blocks, so that billing's writers never wait for one partition.
+type inbox struct {
+	mu     sync.Mutex
+	items  []answer
+	closed bool
+	ready  chan struct{} // signalled when items arrive
+}
+
+func newInbox() *inbox { return &inbox{ready: make(chan struct{}, 1)} }
+
+// post delivers a; after close (the partition is gone, its messages given
+// up) it is dropped.
+func (b *inbox) post(a answer) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.items = append(b.items, a)
+	select {
+	case b.ready <- struct{}{}:
+	default:
+	}
+}
+
+// takeAll returns what was posted, in order.
+func (b *inbox) takeAll() []answer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	items := b.items
+	b.items = nil
+	return items
+}
+
+func (b *inbox) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	b.items = nil
 }

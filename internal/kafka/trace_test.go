@@ -111,10 +111,13 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	writers := make(chan struct{})
+	go func() { proc.Run(runCtx); close(writers) }()
 	go func() { done <- c.Run(runCtx) }()
 	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
 	stop()
 	<-done
+	<-writers
 
 	want := producerSpan.SpanContext()
 	spans := map[string][]tracetest.SpanStub{}

@@ -1,0 +1,212 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/lib/pq"
+	"go.opentelemetry.io/otel/trace"
+
+	"example.com/billing/internal/charge"
+	"example.com/billing/internal/order"
+	"example.com/billing/internal/payment"
+)
+
+// attempt is one row of the charge table, a provider request and what is
+// known of its outcome, with what billing does with it.
+type attempt struct{ charge.Row }
+
+func newAttemptOf(ev order.Event) attempt {
+	return attempt{charge.Row{EventID: ev.ID, OrderID: ev.OrderID, CustomerID: ev.CustomerID,
+		Amount: ev.Amount.Minor, Currency: ev.Amount.Currency, Status: charge.Pending, CreatedAt: time.Now()}}
+}
+
+// request is the provider request of the attempt: the same bytes whoever
+// sends it, so that the provider recognises a repeat.
+func (a attempt) request() payment.Request {
+	return payment.Request{IdempotencyKey: a.EventID.String(), OrderID: a.OrderID,
+		CustomerID: a.CustomerID, Amount: a.Amount, Currency: a.Currency}
+}
+
+// sameRequest reports whether ev asks for the charge a records.
+func (a attempt) sameRequest(ev order.Event) bool {
+	return a.OrderID == ev.OrderID && a.CustomerID == ev.CustomerID &&
+		a.Amount == ev.Amount.Minor && a.Currency == ev.Amount.Currency
+}
+
+// outcome is the event outcome a settled attempt stands for.
+func (a attempt) outcome() Outcome {
+	switch a.Status {
+	case charge.Succeeded:
+		return Charged
+	case charge.Declined:
+		return Declined
+	case charge.Rejected:
+		return Parked
+	}
+	return Pending
+}
+
+// call is one attempt this process completes: phase 2's request and
+// answer, then what phase 3 recorded, and the events waiting for it.
+type call struct {
+	a       attempt
+	trace   trace.SpanContext // of the first event waiting for it
+	fromRow bool              // read pending from the table, not recorded by this claim
+	// waiters are the events decided once the attempt is settled; more
+	// may join while it is in flight (guarded by Processor.mu).
+	waiters []*job
+	// countedFor is the waiter whose message counts the outcome when this
+	// process settles it: the first copy of the attempt's own event; nil
+	// when none waits for it here.
+	countedFor *job
+
+	sent    bool           // the request went out
+	charge  payment.Charge // the provider's charge, when it charged
+	err     error          // the provider's answer when not a charge
+	expired bool           // older than the provider's idempotency window: not sent
+	// counted is countedFor as the settle found it when it began: the
+	// waiter its update recorded as counting the outcome.
+	counted *job
+	// settledHere: the settle moved the attempt out of pending; otherwise
+	// another worker recorded the answer first.
+	settledHere bool
+	// settled is closed once the call's settle is over, recorded or not.
+	settled chan struct{}
+}
+
+func newCall(a attempt, fromRow bool) *call {
+	return &call{a: a, fromRow: fromRow, settled: make(chan struct{})}
+}
+
+// start runs phase 2 for c: its request, with no transaction open, as soon
+// as the payment client has a slot (PAYMENT_MAX_CONCURRENCY,
+// PAYMENT_MAX_RPS); the answer goes to a settle. An attempt this process
+// is already completing is not asked twice: c's waiters wait for that call
+// instead. start reports whether c itself went on.
+func (p *Processor) start(ctx context.Context, c *call) bool {
+	if !p.activate(c) {
+		return false
+	}
+	id := c.a.EventID
+	window := p.horizon.providerWindow()
+	switch {
+	case p.now().Sub(c.a.CreatedAt) > window:
+		c.expired = true
+		p.log.Error("charge attempt older than the provider's idempotency window; not retried blindly (reconcile it)",
+			"event_id", id.String(), "order_id", c.a.OrderID, "created_at", c.a.CreatedAt, "window", window.String())
+	case c.a.Status != charge.Pending:
+		// Settled since the claim read it (skipSettled): the settle
+		// reads what was recorded.
+	default:
+		c.sent = true
+		go func() {
+			c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(ctx, c.trace), c.a.request())
+			p.toSettle(c)
+		}()
+		return true
+	}
+	p.toSettle(c)
+	return true
+}
+
+// activate registers c as the call completing its attempt and reports
+// true, or hands its waiters to the call already doing so and reports
+// false.
+func (p *Processor) activate(c *call) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	busy, ok := p.active[c.a.EventID]
+	if !ok {
+		p.active[c.a.EventID] = c
+		return true
+	}
+	busy.waiters = append(busy.waiters, c.waiters...)
+	if busy.countedFor == nil {
+		busy.countedFor = c.countedFor
+	}
+	return false
+}
+
+// toSettle queues c for phase 3.
+func (p *Processor) toSettle(c *call) {
+	if !p.settles.push(c) {
+		p.abandon(c, ErrStopped)
+	}
+}
+
+// abandon gives c up unsettled: its waiters are left Pending with err, and
+// the attempt stays pending in the table for a retry or maintenance.
+func (p *Processor) abandon(c *call, err error) {
+	p.mu.Lock()
+	if p.active[c.a.EventID] == c {
+		delete(p.active, c.a.EventID)
+	}
+	waiters := c.waiters
+	p.mu.Unlock()
+	for _, j := range waiters {
+		j.finish(err)
+	}
+	close(c.settled)
+}
+
+// skipSettled marks the calls of attempts that were read pending but are
+// settled by now: another copy of the event, another process or
+// maintenance recorded the answer between the claim and this call. Asking
+// again would be answered from the provider's store, but costs a request
+// of the provider's rate limit for nothing. (A race that slips between
+// this check and the request is still safe: same key, same body.)
+func (p *Processor) skipSettled(ctx context.Context, calls []*call) {
+	var ids pq.StringArray
+	byID := map[uuid.UUID]*call{}
+	for _, c := range calls {
+		if c.fromRow {
+			ids = append(ids, c.a.EventID.String())
+			byID[c.a.EventID] = c
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	var settled []struct {
+		EventID uuid.UUID `db:"event_id"`
+		Status  string    `db:"status"`
+	}
+	const q = `SELECT event_id, status FROM charge WHERE event_id = ANY($1::uuid[]) AND status <> 'pending'`
+	if err := p.db.SelectContext(ctx, &settled, q, ids); err != nil {
+		return // ask the provider: it knows
+	}
+	for _, s := range settled {
+		byID[s.EventID].a.Status = s.Status
+	}
+}
+
+// RetryFor tells how a caller should retry an event Process or Submit left
+// Pending with err: the cause, as billing_retries_total labels it
+// (payment or database), and the least wait (a provider's Retry-After).
+func RetryFor(err error) Retry {
+	var te *payment.TransientError
+	if errors.As(err, &te) {
+		return Retry{Cause: "payment", After: te.RetryAfter}
+	}
+	return Retry{Cause: "database"}
+}
+
+// Retry is what a Pending result asks of its caller before it tries the
+// event again.
+type Retry struct {
+	Cause string
+	After time.Duration
+}
+
+func expiredDetail(a attempt, own bool, window time.Duration) string {
+	whose := "its charge attempt"
+	if !own {
+		whose = fmt.Sprintf("order %d has a charge attempt (event %s)", a.OrderID, a.EventID)
+	}
+	return fmt.Sprintf("%s from %s is still unanswered and older than the provider's idempotency window %s: asking again could charge twice, so it is not retried blindly; reconcile it with the provider, record the outcome in the charge table, then replay this event",
+		whose, a.CreatedAt.UTC().Format(time.RFC3339), window)
+}

@@ -1,0 +1,230 @@
+package billing_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"example.com/billing/internal/billing"
+	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/wait"
+)
+
+// submitted submits values one by one, as the consumer does, and returns a
+// function that waits for their results.
+func submitted(t *testing.T, p *billing.Processor, values ...[]byte) func() []billing.Result {
+	t.Helper()
+	results := make([]billing.Result, len(values))
+	var wg sync.WaitGroup
+	wg.Add(len(values))
+	for i, v := range values {
+		p.Submit(context.Background(), billing.Message{Value: v}, func(r billing.Result, _ error) {
+			results[i] = r
+			wg.Done()
+		})
+	}
+	return func() []billing.Result { wg.Wait(); return results }
+}
+
+// An event whose provider answer is slow holds no other event: each goes
+// through claim → charge → settle at its own pace, and the transactions
+// they share do not wait for the slow one's answer.
+func TestSubmit_ASlowAnswerHoldsNoOtherEvent(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	slow, slowValue := newEvent(t, 1, time.Now())
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") == slow.ID.String() {
+			<-release
+		}
+		f.psp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	proc := f.processorFor(t, srv.URL)
+
+	var fast [][]byte
+	for i := range 20 {
+		_, v := newEvent(t, int64(100+i), time.Now())
+		fast = append(fast, v)
+	}
+	slowDone := submitted(t, proc, slowValue)
+	for i, r := range submitted(t, proc, fast...)() {
+		if r.Outcome != billing.Charged {
+			t.Errorf("event %d behind a slow answer: %v, want charged", i, r.Outcome)
+		}
+	}
+	release <- struct{}{}
+	if r := slowDone()[0]; r.Outcome != billing.Charged {
+		t.Errorf("the slow event: %v, want charged", r.Outcome)
+	}
+}
+
+// Under load the claims and settles of many events share transactions
+// (group commit): far fewer transactions than events, and every event
+// still charged once.
+func TestSubmit_ClaimsAndSettlesShareTransactions(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{Latency: 20 * time.Millisecond})
+	const events = 400
+	var values [][]byte
+	for i := range events {
+		_, v := newEvent(t, int64(1000+i), time.Now())
+		values = append(values, v)
+	}
+	for i, r := range submitted(t, f.proc, values...)() {
+		if r.Outcome != billing.Charged {
+			t.Fatalf("event %d: %v, want charged", i, r.Outcome)
+		}
+	}
+	txs := transactions(t, f)
+	if txs["claim"] >= events/4 || txs["settle"] >= events/4 {
+		t.Errorf("%d claim and %d settle transactions for %d events, want fewer than a quarter each (shared)", txs["claim"], txs["settle"], events)
+	}
+	t.Logf("%d events: %d claim and %d settle transactions", events, txs["claim"], txs["settle"])
+	if st := f.psp.Stats(); st.ChargesCreated != events || st.OrdersChargedTwice != 0 {
+		t.Errorf("provider stats %+v, want %d charges", st, events)
+	}
+}
+
+// transactions counts the pipeline's transactions by phase.
+func transactions(t *testing.T, f *fixture) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, phase := range []string{"claim", "settle"} {
+		h, err := f.m.Transaction.GetMetricWithLabelValues(phase)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[phase] = int(histogramCount(t, h))
+	}
+	return out
+}
+
+// A settle whose connection is lost (here: its backend terminated while
+// the settle waits) rolls back as a whole: every event it served is left
+// pending with its attempt recorded, and their retries complete the
+// attempts under the same keys: each charged once.
+func TestSubmit_ASettleThatLosesItsConnectionLeavesItsEventsPending(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	for _, q := range []string{
+		`CREATE TABLE settle_gate (once boolean)`,
+		`INSERT INTO settle_gate VALUES (true)`,
+		// The first settle waits, the test kills its backend meanwhile.
+		`CREATE FUNCTION slow_settle() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+		   IF (SELECT once FROM settle_gate) THEN PERFORM pg_sleep(30); END IF; RETURN NEW; END $$`,
+		`CREATE TRIGGER slow_settle BEFORE UPDATE ON charge FOR EACH ROW EXECUTE FUNCTION slow_settle()`,
+	} {
+		if _, err := f.db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var values [][]byte
+	for i := range 10 {
+		_, v := newEvent(t, int64(300+i), time.Now())
+		values = append(values, v)
+	}
+	results := make(chan []billing.Result, 1)
+	go func() { res, _ := f.proc.Process(context.Background(), messages(values...)); results <- res }()
+	wait.For(t, 10*time.Second, "a settle waiting", func() bool {
+		return f.count(t, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%UPDATE charge AS c SET%' AND state = 'active' AND pid <> pg_backend_pid()`) > 0
+	})
+	if _, err := f.db.Exec(`UPDATE settle_gate SET once = false`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%UPDATE charge AS c SET%' AND pid <> pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	// The events whose answers came in other settles are charged; those
+	// of the lost one are pending, their attempts recorded.
+	var lost [][]byte
+	for i, r := range <-results {
+		switch r.Outcome {
+		case billing.Pending:
+			lost = append(lost, values[i])
+		case billing.Charged:
+		default:
+			t.Errorf("event %d: %v, want charged or pending", i, r.Outcome)
+		}
+	}
+	if len(lost) == 0 {
+		t.Fatal("no event was left pending by the lost settle")
+	}
+	if got := f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`); got != len(lost) {
+		t.Errorf("%d pending attempts after the lost settle, want %d (the recovery points)", got, len(lost))
+	}
+	for i, r := range settle(t, f.proc, lost...) {
+		if r.Outcome != billing.Charged {
+			t.Errorf("event %d retried: %v, want charged", i, r.Outcome)
+		}
+	}
+	if st := f.psp.Stats(); int(st.ChargesCreated) != len(values) || st.OrdersChargedTwice != 0 || int(st.Replays) != len(lost) {
+		t.Errorf("provider stats %+v, want %d charges and %d replays", st, len(values), len(lost))
+	}
+	t.Logf("%d of %d events were in the lost settle", len(lost), len(values))
+}
+
+// Stopping the processor with work queued and in flight loses nothing:
+// every event is answered (decided, or pending with ErrStopped), and a
+// new processor finishes the pending ones, each charged once.
+func TestRun_StoppingWithAFullQueueAnswersEveryEvent(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{Latency: 30 * time.Millisecond})
+	proc, ctx, stop := f.stoppable(t)
+	const events = 300
+	var values [][]byte
+	for i := range events {
+		_, v := newEvent(t, int64(2000+i), time.Now())
+		values = append(values, v)
+	}
+	var mu sync.Mutex
+	answered := map[int]billing.Result{}
+	var stopped int
+	var wg sync.WaitGroup
+	wg.Add(events)
+	for i, v := range values {
+		proc.Submit(ctx, billing.Message{Value: v}, func(r billing.Result, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if _, twice := answered[i]; twice {
+				t.Errorf("event %d answered twice", i)
+			}
+			answered[i] = r
+			if errors.Is(err, billing.ErrStopped) || errors.Is(err, context.Canceled) {
+				stopped++
+			}
+			wg.Done()
+		})
+	}
+	time.Sleep(150 * time.Millisecond)
+	stop()
+	wg.Wait()
+	if len(answered) != events {
+		t.Fatalf("%d of %d events answered", len(answered), events)
+	}
+	t.Logf("%d events left pending by the stop", stopped)
+	next, _ := f.restart(t)
+	for i, r := range settle(t, next, values...) {
+		if r.Outcome != billing.Charged && r.Outcome != billing.Duplicate {
+			t.Errorf("event %d after the restart: %v", i, r.Outcome)
+		}
+	}
+	if st := f.psp.Stats(); st.ChargesCreated != events || st.OrdersChargedTwice != 0 {
+		t.Errorf("provider stats %+v, want %d charges", st, events)
+	}
+}
+
+// histogramCount is how many observations h holds.
+func histogramCount(t *testing.T, h prometheus.Observer) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := h.(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}

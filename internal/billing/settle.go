@@ -1,0 +1,265 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"example.com/billing/internal/charge"
+	"example.com/billing/internal/order"
+	"example.com/billing/internal/outbox"
+	"example.com/billing/internal/payment"
+	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/tracing"
+)
+
+// settleBatch runs phase 3 for calls in one transaction, then decides the
+// events that waited for them: an event whose own attempt this settle
+// recorded gets its outcome; one that waited for another attempt of its
+// order, or whose attempt someone else settled first, is claimed again;
+// one whose request is still unanswered is left Pending for the caller's
+// retry, which resumes the attempt under the same key.
+func (p *Processor) settleBatch(ctx context.Context, calls []*call) {
+	p.mu.Lock()
+	for _, c := range calls {
+		c.counted = c.countedFor
+	}
+	p.mu.Unlock()
+	err := p.settle(ctx, calls)
+	for _, c := range calls {
+		if err != nil {
+			p.abandon(c, err)
+			continue
+		}
+		p.mu.Lock()
+		if p.active[c.a.EventID] == c {
+			delete(p.active, c.a.EventID)
+		}
+		waiters := c.waiters
+		p.mu.Unlock()
+		for _, j := range waiters {
+			p.decide(c, j)
+		}
+		close(c.settled)
+	}
+}
+
+// decide sends on j, which waited for c, now settled.
+func (p *Processor) decide(c *call, j *job) {
+	own := c.a.EventID == j.res.Event.ID
+	switch {
+	case c.expired:
+		// Parked; the claim records its failure, under its order's lock.
+		j.res.park(CodeStaleEvent, expiredDetail(c.a, own, p.horizon.providerWindow()))
+		if !p.claims.push(j) {
+			j.finish(ErrStopped)
+		}
+	case c.a.Status == charge.Pending:
+		j.finish(cmpOr(c.err, errUnanswered)) // still unanswered: the caller retries
+	case !own:
+		p.again(j) // the order's other attempt is settled: decide now
+	case c.a.Status == charge.Rejected:
+		detail := "the provider refused the request"
+		if c.a.LastError != nil {
+			detail = *c.a.LastError
+		}
+		j.res.park(CodeProviderRejected, detail)
+		j.finish(nil)
+	case c.settledHere && c.counted == j:
+		j.res.Outcome = c.a.outcome()
+		j.finish(nil)
+	default:
+		// Settled by another worker (a copy of the event, another event
+		// of the order, maintenance), or j is a second copy: the next
+		// claim decides which message counts it.
+		p.again(j)
+	}
+}
+
+// errUnanswered: an attempt is still pending and nothing says why.
+var errUnanswered = errors.New("billing: the charge attempt is still unanswered")
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// settle records every answer of calls in one transaction, counts an
+// unanswered request on its attempt, and reads back what is recorded
+// (another worker may have settled an attempt first; the provider gave it
+// the same answer). calls' attempts then hold the recorded state. An answer
+// is recorded as counted for its own event's message when that message
+// waits for it (charge.counted_by), and for nobody otherwise: the event's
+// message counts it when it comes.
+func (p *Processor) settle(ctx context.Context, calls []*call) error {
+	const update = `
+UPDATE charge AS c SET
+    status             = u.status,
+    provider_charge_id = NULLIF(u.provider_id, ''),
+    settled_at         = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
+    updated_at         = now(),
+    requests           = c.requests + 1,
+    last_error         = NULLIF(u.err, ''),
+    counted_by         = CASE WHEN u.status = 'pending' THEN NULL ELSE NULLIF(u.counted_by, '') END
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, status, provider_id, err, counted_by)
+WHERE c.event_id = u.id AND c.status = 'pending'
+RETURNING c.event_id, c.status`
+	const reread = `SELECT ` + charge.Columns + ` FROM charge WHERE event_id = ANY($1::uuid[])`
+
+	byID := make(map[uuid.UUID]*call, len(calls))
+	var ids, statuses, providerIDs, errs, countedBy, all pq.StringArray
+	var spans []trace.SpanContext
+	for _, c := range calls {
+		byID[c.a.EventID] = c
+		all = append(all, c.a.EventID.String())
+		spans = append(spans, c.trace)
+		if !c.sent {
+			continue
+		}
+		var counted string
+		if c.counted != nil {
+			counted = c.counted.res.counter
+		}
+		countedBy = append(countedBy, counted)
+		status, errText := charge.Pending, ""
+		switch {
+		case c.err == nil:
+			status = charge.Succeeded
+		case errors.Is(c.err, payment.ErrDeclined):
+			status, errText = charge.Declined, c.err.Error()
+		case errors.Is(c.err, payment.ErrRejected):
+			status, errText = charge.Rejected, c.err.Error()
+		default:
+			errText = c.err.Error()
+		}
+		ids = append(ids, c.a.EventID.String())
+		statuses = append(statuses, status)
+		providerIDs = append(providerIDs, c.charge.ID)
+		errs = append(errs, errText)
+	}
+	var recorded []attempt
+	var changed []struct {
+		EventID uuid.UUID `db:"event_id"`
+		Status  string    `db:"status"`
+	}
+	err := p.inTxWithOutbox(ctx, "settle", spans, func(tx *sqlx.Tx) error {
+		changed = changed[:0]
+		if len(ids) > 0 {
+			if err := tx.SelectContext(ctx, &changed, update, ids, statuses, providerIDs, errs, countedBy); err != nil {
+				return fmt.Errorf("settle charge attempts: %w", err)
+			}
+		}
+		// The outcome is announced with the settle that records it, once:
+		// only this transaction moved these attempts out of pending.
+		var outcomes []outbox.Outcome
+		for _, ch := range changed {
+			if ch.Status == charge.Pending {
+				continue
+			}
+			outcomes = append(outcomes, p.outcomeOf(byID[ch.EventID], ch.Status))
+		}
+		if err := outbox.Record(ctx, tx, outcomes); err != nil {
+			return err
+		}
+		if err := tx.SelectContext(ctx, &recorded, reread, all); err != nil {
+			return fmt.Errorf("read settled charge attempts: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, a := range recorded {
+		if c, ok := byID[a.EventID]; ok {
+			c.a = a
+		}
+	}
+	for _, ch := range changed {
+		if c, ok := byID[ch.EventID]; ok && ch.Status != charge.Pending {
+			c.settledHere = true
+		}
+	}
+	return nil
+}
+
+// outcomeOf is the payment outcome event of c's attempt, settled here as
+// status.
+func (p *Processor) outcomeOf(c *call, status string) outbox.Outcome {
+	a := c.a
+	ev := order.Event{ID: a.EventID, OrderID: a.OrderID, CustomerID: a.CustomerID,
+		Amount: order.Money{Minor: a.Amount, Currency: a.Currency}}
+	typ := map[string]string{charge.Succeeded: outbox.Succeeded, charge.Declined: outbox.Declined, charge.Rejected: outbox.Failed}[status]
+	var reason string
+	if status == charge.Rejected {
+		reason = CodeProviderRejected
+	}
+	o := outbox.NewOutcome(typ, ev, reason, p.now())
+	switch status {
+	case charge.Succeeded:
+		o.ProviderChargeID = c.charge.ID
+	case charge.Declined:
+		o.DeclineCode = payment.DeclineCode(c.err)
+	}
+	sc := c.trace
+	if c.counted != nil {
+		sc = c.counted.res.trace // the attempt's own event
+	}
+	o.Traceparent = tracing.Traceparent(sc)
+	return o
+}
+
+// inTxWithOutbox is inTx for a transaction that records outcomes: when the
+// outbox has no partition for today yet (maintenance has not run), it
+// creates it and runs the transaction once more.
+func (p *Processor) inTxWithOutbox(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
+	err := p.inTx(ctx, phase, spans, fn)
+	var missing *outbox.MissingPartitionError
+	if !errors.As(err, &missing) {
+		return err
+	}
+	p.log.Warn("the outbox has no partition for today; creating it (is maintenance running?)")
+	if err := outbox.Table.EnsureFor(ctx, p.db, missing.IDs); err != nil {
+		return err
+	}
+	return p.inTx(ctx, phase, spans, fn)
+}
+
+// inTx runs fn in a transaction of phase, traced below the events' spans and
+// timed in billing_db_transaction_seconds.
+func (p *Processor) inTx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
+	links := make([]trace.Link, 0, len(spans))
+	for _, sc := range spans {
+		links = append(links, trace.Link{SpanContext: sc})
+	}
+	var parent trace.SpanContext
+	if len(spans) > 0 {
+		parent = spans[0]
+	}
+	// One transaction serves many events: its span hangs below the first
+	// one's and links to all of them.
+	ctx, span := p.tracer.Start(trace.ContextWithSpanContext(ctx, parent), "billing "+phase,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
+		trace.WithAttributes(semconv.DBSystemNamePostgreSQL, attribute.Int("billing.events", len(spans))))
+	defer span.End()
+	started := time.Now()
+	err := postgres.InTx(ctx, p.db, fn)
+	p.metrics.Transaction.WithLabelValues(phase).Observe(time.Since(started).Seconds())
+	p.writes.Observe(err)
+	if err != nil {
+		p.metrics.DBErrors.WithLabelValues(postgres.SQLState(err)).Inc()
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "rolled back")
+	}
+	return err
+}
