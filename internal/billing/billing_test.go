@@ -532,8 +532,15 @@ func running(t *testing.T, p *billing.Processor) *billing.Processor {
 // is at url.
 func (f *fixture) processorFor(t *testing.T, url string) *billing.Processor {
 	t.Helper()
+	return f.processorWithSlots(t, url, 64)
+}
+
+// processorWithSlots is processorFor with at most slots provider requests
+// in flight.
+func (f *fixture) processorWithSlots(t *testing.T, url string, slots int) *billing.Processor {
+	t.Helper()
 	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(payment.Config{BaseURL: url, Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
+	payer := payment.New(payment.Config{BaseURL: url, Timeout: 5 * time.Second, MaxConcurrency: slots}, m)
 	t.Cleanup(payer.Close)
 	return running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))

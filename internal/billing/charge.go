@@ -1,6 +1,7 @@
 package billing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,9 +54,14 @@ func (a attempt) outcome() Outcome {
 // call is one attempt this process completes: phase 2's request and
 // answer, then what phase 3 recorded, and the events waiting for it.
 type call struct {
-	a       attempt
-	trace   trace.SpanContext // of the first event waiting for it
-	fromRow bool              // read pending from the table, not recorded by this claim
+	a     attempt
+	trace trace.SpanContext // of the first event waiting for it
+	// ctx is the first waiting event's (or maintenance's): once it ends,
+	// the request is not sent, or cancelled in flight, and the attempt
+	// stays pending. The consumer ends it when the partition may no
+	// longer be this process's.
+	ctx     context.Context
+	fromRow bool // read pending from the table, not recorded by this claim
 	// waiters are the events decided once the attempt is settled; more
 	// may join while it is in flight (guarded by Processor.mu).
 	waiters []*job
@@ -104,7 +110,7 @@ func (p *Processor) start(ctx context.Context, c *call) bool {
 	default:
 		c.sent = true
 		go func() {
-			c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(ctx, c.trace), c.a.request())
+			c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(cmp.Or(c.ctx, ctx), c.trace), c.a.request())
 			p.toSettle(c)
 		}()
 		return true

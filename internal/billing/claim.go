@@ -297,7 +297,7 @@ func (p *Processor) follow(ctx context.Context, jobs []*job, pl *plan) {
 		if _, started := needed[id]; !started {
 			needed[id] = c
 			order = append(order, c)
-			c.trace = j.res.trace
+			c.trace, c.ctx = j.res.trace, j.ctx
 		}
 		c.waiters = append(c.waiters, j)
 		if id == j.res.Event.ID && c.countedFor == nil {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,4 +228,56 @@ func histogramCount(t *testing.T, h prometheus.Observer) uint64 {
 		t.Fatal(err)
 	}
 	return m.GetHistogram().GetSampleCount()
+}
+
+// A charge whose event's context ends before it is sent (the consumer ends
+// it when the partition may no longer be this process's: a membership
+// that lapsed) is not sent, even when it was only waiting for a provider
+// slot; the attempt stays pending for whoever completes it, under the
+// same key.
+func TestSubmit_NoChargeIsSentOnceItsEventsContextEnds(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	release := make(chan struct{})
+	var sent atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
+		<-release
+		f.psp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	proc := f.processorWithSlots(t, srv.URL, 1) // one request in flight at a time
+
+	_, first := newEvent(t, 1, time.Now())
+	_, second := newEvent(t, 2, time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	answers := make(chan error, 2)
+	for _, v := range [][]byte{first, second} {
+		proc.Submit(ctx, billing.Message{Value: v}, func(r billing.Result, err error) {
+			if r.Outcome != billing.Pending {
+				t.Errorf("an event whose context ended: %v, want pending", r.Outcome)
+			}
+			answers <- err
+		})
+	}
+	wait.For(t, 10*time.Second, "one request sent, the other waiting for the slot", func() bool {
+		return sent.Load() == 1 && f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`) == 2
+	})
+	cancel() // the membership lapsed
+	for range 2 {
+		select {
+		case err := <-answers:
+			if err == nil {
+				t.Error("no reason for a pending event")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("events whose context ended still wait for their charges")
+		}
+	}
+	if got := sent.Load(); got != 1 {
+		t.Errorf("%d requests sent, want 1: the waiting one must not be sent once its event's context ended", got)
+	}
+	if got := f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`); got != 2 {
+		t.Errorf("%d pending attempts, want 2 (left for whoever completes them)", got)
+	}
 }

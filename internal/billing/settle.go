@@ -1,6 +1,7 @@
 package billing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,7 +65,7 @@ func (p *Processor) decide(c *call, j *job) {
 			j.finish(ErrStopped)
 		}
 	case c.a.Status == charge.Pending:
-		j.finish(cmpOr(c.err, errUnanswered)) // still unanswered: the caller retries
+		j.finish(cmp.Or(c.err, errUnanswered)) // still unanswered: the caller retries
 	case !own:
 		p.again(j) // the order's other attempt is settled: decide now
 	case c.a.Status == charge.Rejected:
@@ -87,13 +88,6 @@ func (p *Processor) decide(c *call, j *job) {
 
 // errUnanswered: an attempt is still pending and nothing says why.
 var errUnanswered = errors.New("billing: the charge attempt is still unanswered")
-
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
-}
 
 // settle records every answer of calls in one transaction, counts an
 // unanswered request on its attempt, and reads back what is recorded

@@ -52,6 +52,9 @@ type partition struct {
 	// commit rather than be cut off half way.
 	work       context.Context
 	cancelWork context.CancelFunc
+	// leased is work under the membership's current lease (lease): what
+	// is handed out stops charging when the membership lapses.
+	lease, leased context.Context
 }
 
 // key is one key's unfinished messages, in offset order.
@@ -255,9 +258,21 @@ func (p *partition) start(k *key) {
 	p.inFlight++
 	m := k.msgs[0]
 	msg := billing.Message{Value: m.msg.Value, Trace: m.span.SpanContext(), ID: p.messageID(m.msg)}
-	p.c.proc.Submit(p.work, msg, func(r billing.Result, err error) {
+	p.c.proc.Submit(p.leasedWork(), msg, func(r billing.Result, err error) {
 		p.inbox.post(answer{m: m, res: r, err: err})
 	})
+}
+
+// leasedWork returns the context to hand work out under: the partition's
+// work, ended also when the membership's current lease ends. One is made
+// per lease, not per message.
+func (p *partition) leasedWork() context.Context {
+	if lease := p.c.member.current(); lease != p.lease {
+		ctx, cancel := context.WithCancel(p.work)
+		context.AfterFunc(lease, cancel)
+		p.lease, p.leased = lease, ctx
+	}
+	return p.leased
 }
 
 // startHeld starts the held keys once the membership is confirmed again.
