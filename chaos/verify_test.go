@@ -25,6 +25,7 @@ type result struct {
 	cross                          int // of dups: copies on another partition
 	double, lost, dlqRepark        int
 	outcomes, settled              int // distinct outcome events published; settled events
+	charges                        int // charges the provider created
 }
 
 // position is a message's place in the order topic.
@@ -145,6 +146,7 @@ func (r *run) verify() result {
 			lost[id] = "not charged at the provider"
 		}
 	}
+	res.charges = int(st.ChargesCreated)
 	if int(st.ChargesCreated) != exp.Unique-exp.Declined(declineEvery) {
 		t.Errorf("provider created %d charges, want %d", st.ChargesCreated, exp.Unique-exp.Declined(declineEvery))
 	}
