@@ -6,9 +6,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -96,12 +100,57 @@ func (r *run) metricSum(metric string, labels ...string) (float64, error) {
 	return sum, nil
 }
 
+// rebalance is one rebalance of the run's group, as its coordinator
+// logged it.
+type rebalance struct {
+	at     time.Time
+	reason string
+}
+
+// coordinatorLog matches Apache Kafka's group coordinator starting a
+// rebalance: "[2026-12-04 17:14:36,292] INFO [GroupCoordinator ...]
+// Preparing to rebalance group G in state S with old generation N
+// (reason: ...)".
+var coordinatorLog = regexp.MustCompile(`^\[([0-9-]+ [0-9:]+,[0-9]+)\] INFO .*Preparing to rebalance group (\S+) in state \S+ with old generation ([0-9]+) \(reason: (.*)\)`)
+
+// rebalances returns the rebalances of the run's group that the brokers'
+// group coordinators started in [from, to], in order. A member's own log
+// cannot tell: with cooperative-sticky assignment, a rebalance that moves
+// partitions to the members of a session does not start a new one.
+func (r *run) rebalances(from, to time.Time) ([]rebalance, error) {
+	if suite.kafka == nil {
+		return nil, errors.New("the coordinator's log is Apache Kafka's")
+	}
+	var out []rebalance
+	for _, n := range suite.kafka.Nodes() {
+		f, err := os.Open(filepath.Join(n.Dir(), "server.log"))
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			m := coordinatorLog.FindStringSubmatch(sc.Text())
+			if m == nil || m[2] != r.group {
+				continue
+			}
+			// The JVM logs in the machine's time zone, as Go's Local.
+			at, err := time.ParseInLocation("2006-01-02 15:04:05,000", m[1], time.Local)
+			if err == nil && !at.Before(from) && !at.After(to) {
+				out = append(out, rebalance{at: at, reason: fmt.Sprintf("generation %s→: %s", m[3], m[4])})
+			}
+		}
+		f.Close()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].at.Before(out[j].at) })
+	return out, nil
+}
+
 // logLine is one line of serve's JSON log, the fields the suite reads.
 type logLine struct {
-	Time       time.Time `json:"time"`
-	Level      string    `json:"level"`
-	Msg        string    `json:"msg"`
-	Generation int32     `json:"generation"`
+	Time  time.Time `json:"time"`
+	Level string    `json:"level"`
+	Msg   string    `json:"msg"`
 }
 
 // logLines returns the lines of every serve log of the run whose message
@@ -132,36 +181,48 @@ func (r *run) logLines(msg string) map[string][]logLine {
 	return out
 }
 
-// within returns the lines logged in [from, to].
-func within(lines []logLine, from, to time.Time) []logLine {
-	var out []logLine
-	for _, l := range lines {
-		if !l.Time.Before(from) && !l.Time.After(to) {
-			out = append(out, l)
-		}
-	}
-	return out
+// probe is one /readyz answer: when it was asked, its status (0: no
+// answer within httpClient's 5s), body and how long it took.
+type probe struct {
+	at   time.Time
+	code int
+	body string
+	took time.Duration
 }
 
-// watchReadyz polls c's /readyz every second until stop is closed and
-// returns how many answers there were and which were not want, with the
-// longest time an answer took (an unanswered probe takes httpClient's 5s
-// and counts as status 0).
-func watchReadyz(c *consumer, want int, stop <-chan struct{}) (answers int, wrong []string, slowest time.Duration) {
+func (p probe) String() string {
+	return fmt.Sprintf("%d after %s %s", p.code, p.took.Round(10*time.Millisecond), strings.TrimSpace(p.body))
+}
+
+// watchReadyz asks c's /readyz every second until stop is closed and
+// returns every answer.
+func watchReadyz(c *consumer, stop <-chan struct{}) []probe {
+	var out []probe
 	for {
-		sent := time.Now()
-		code, body := c.getBody("/readyz")
-		took := time.Since(sent)
-		slowest = max(slowest, took)
-		answers++
-		if code != want {
-			wrong = append(wrong, fmt.Sprintf("%d after %s %s", code, took.Round(10*time.Millisecond), strings.TrimSpace(body)))
-		}
+		p := probe{at: time.Now()}
+		p.code, p.body = c.getBody("/readyz")
+		p.took = time.Since(p.at)
+		out = append(out, p)
 		select {
 		case <-stop:
-			return
-		case <-time.After(time.Second - min(took, time.Second)):
+			return out
+		case <-time.After(time.Second - min(p.took, time.Second)):
 		}
+	}
+}
+
+// judgeReadyz fails the test for each answer of probes that is not want
+// or took longer than slowest; what names the period for the message.
+func (r *run) judgeReadyz(c *consumer, probes []probe, want int, slowest time.Duration, what string) {
+	var wrong []string
+	for _, p := range probes {
+		if p.code != want || p.took > slowest {
+			wrong = append(wrong, p.String())
+		}
+	}
+	if len(wrong) > 0 {
+		r.t.Errorf("%s /readyz %s: %d of %d answers not %d within %s (0: none within 5s), e.g. %s",
+			c.name, what, len(wrong), len(probes), want, slowest, strings.Join(wrong[:min(3, len(wrong))], "; "))
 	}
 }
 

@@ -5,9 +5,12 @@ package chaos_test
 import (
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"example.com/billing/internal/postgres"
 )
 
 // The lossy network's parameters.
@@ -17,7 +20,7 @@ const (
 	lossyDrop    = 0.05                   // of the packets, each direction
 	lossyHold    = time.Minute
 	// maxRebalances bounds the group's rebalances while the network is
-	// lossy and shortly after. With the delay and 5% loss, a heartbeat
+	// lossy and shortly after, as its coordinator counts them. With the delay and 5% loss, a heartbeat
 	// (every 3s) reaches the coordinator within a few hundred milliseconds
 	// plus TCP's retransmissions, well inside the 10s session timeout, so
 	// no member should ever be expired: 0 is expected. One rebalance is
@@ -58,7 +61,7 @@ func prepareLossy(r *run) error {
 // chunk of broker traffic is delayed 200ms ± 50ms per direction and 5% of
 // the packets between each host and the brokers are dropped, both
 // directions. Required: verify's nothing charged twice, nothing lost; at
-// most maxRebalances rebalances (counted by checkRebalances); throughput
+// most maxRebalances rebalances (counted by checkLossy); throughput
 // recovers (lag 0 soon after, events/s during and after printed).
 func injectLossy(r *run) {
 	rng := r.rng("lossy")
@@ -93,63 +96,112 @@ func injectLossy(r *run) {
 			r.t.Logf("[+%s] lossy for %s: %d messages committed since it began", r.elapsed(), time.Since(start).Round(time.Second), n-before)
 		}
 	}
+	var dropped, delayed int64
 	for _, h := range r.hosts {
+		n, err := h.dropped()
+		if err != nil {
+			r.t.Errorf("lossy-network: %v", err)
+		}
+		dropped += n
 		if err := h.heal(); err != nil {
 			r.t.Errorf("lossy-network: heal: %v", err)
 		}
 	}
 	for _, p := range r.proxies {
+		delayed += p.delayedChunks()
 		p.setDelay(0, 0)
 	}
 	r.faultOver()
+	r.figure("%d packets dropped, %d chunks delayed", dropped, delayed)
+	if dropped == 0 || delayed == 0 {
+		r.t.Errorf("lossy-network: %d packets dropped, %d chunks delayed: the fault did not reach the replicas' broker traffic, the scenario proves nothing", dropped, delayed)
+	}
 	after, err := r.committedTotal()
 	if err != nil {
 		r.t.Errorf("lossy-network: committed offsets: %v", err)
 		return
 	}
-	during := float64(after-before) / time.Since(start).Seconds()
-	r.figure("%.0f messages/s committed while lossy (the stream: %.0f/s)", during, r.sc.rate)
+	r.figure("%.0f messages/s committed while lossy (the stream: %.0f/s)", float64(after-before)/time.Since(start).Seconds(), r.sc.rate)
 	r.mu.Lock()
 	r.committedAtEnd = after
 	r.mu.Unlock()
 }
 
-// checkRebalances counts the group's rebalances from the lossy network's
-// start to 10s after its end: the generations the members joined then
-// (each rebalance starts a new generation, which every member joins, so
-// that one member's rejoin shows as a rebalance of all); and the
-// throughput after the fault.
-func checkRebalances(r *run) {
+// checkLossy counts the group's rebalances from the lossy network's start
+// to 10s after its end, from its coordinator's log, and measures how the
+// fault slowed billing: messages/s from its end to lag 0, and the latency
+// of events published before, during and after it.
+func checkLossy(r *run) {
 	r.mu.Lock()
 	from, faultEnd, lagZero, committed := r.faultStart, r.faultEnd, r.lagZero, r.committedAtEnd
 	r.mu.Unlock()
-	joins := r.logLines("joined consumer group")
-	generations := map[int32]bool{}
-	var who []string
-	for name, lines := range joins {
-		w := within(lines, from, faultEnd.Add(10*time.Second))
-		for _, l := range w {
-			generations[l.Generation] = true
-		}
-		if len(w) > 0 {
-			who = append(who, fmt.Sprintf("%s joined %d times", name, len(w)))
-		}
+	rebalances, err := r.rebalances(from, faultEnd.Add(10*time.Second))
+	if err != nil {
+		r.t.Errorf("lossy-network: rebalances: %v", err)
 	}
-	gens := make([]int32, 0, len(generations))
-	for g := range generations {
-		gens = append(gens, g)
+	var what []string
+	for _, rb := range rebalances {
+		what = append(what, fmt.Sprintf("+%s %s", rb.at.Sub(from).Round(100*time.Millisecond), rb.reason))
 	}
-	slices.Sort(gens)
-	sort.Strings(who)
-	r.figure("%d rebalances while lossy and 10s after (generations %v; %s)", len(gens), gens, strings.Join(who, ", "))
-	if len(gens) > maxRebalances {
-		r.t.Errorf("%d rebalances while the network was lossy (generations %v), want at most %d: a rebalance storm", len(gens), gens, maxRebalances)
+	r.figure("%d rebalances while lossy and 10s after %v", len(rebalances), what)
+	if len(rebalances) > maxRebalances {
+		r.t.Errorf("%d rebalances while the network was lossy, want at most %d: a rebalance storm: %s", len(rebalances), maxRebalances, strings.Join(what, "; "))
 	}
 	if !lagZero.IsZero() && lagZero.After(faultEnd) {
-		end, err := r.committedTotal()
-		if err == nil {
+		if end, err := r.committedTotal(); err == nil {
 			r.figure("%.0f messages/s committed from the fault's end to lag 0 (%d messages in %s)",
 				float64(end-committed)/lagZero.Sub(faultEnd).Seconds(), end-committed, lagZero.Sub(faultEnd).Round(100*time.Millisecond))
 		}
 	}
+	lat, err := r.claimLatency(from, faultEnd)
+	if err != nil {
+		r.t.Errorf("lossy-network: latency: %v", err)
+		return
+	}
+	r.figure("claim latency p50/p99 before %s, during %s, after %s", lat[0], lat[1], lat[2])
+}
+
+// claimLatency returns, for the events that occurred before from, between
+// from and to, and after to, the p50 and p99 of their latency from
+// occurredAt (the time in their UUID v7 event id) to their claim
+// (processed_at).
+func (r *run) claimLatency(from, to time.Time) ([3]string, error) {
+	var out [3]string
+	db, err := postgres.Open(r.dsn, 1)
+	if err != nil {
+		return out, err
+	}
+	defer db.Close()
+	var rows []struct {
+		ID uuid.UUID `db:"event_id"`
+		At time.Time `db:"processed_at"`
+	}
+	if err := db.Select(&rows, `SELECT event_id, processed_at FROM processed_event WHERE consumer_group = $1`, r.group); err != nil {
+		return out, err
+	}
+	var periods [3][]time.Duration
+	for _, row := range rows {
+		ts, err := uuid.TimestampFromV7(row.ID)
+		if err != nil {
+			return out, err
+		}
+		occurred, _ := ts.Time()
+		i := 1
+		switch {
+		case occurred.Before(from):
+			i = 0
+		case occurred.After(to):
+			i = 2
+		}
+		periods[i] = append(periods[i], row.At.Sub(occurred))
+	}
+	for i, p := range periods {
+		if len(p) == 0 {
+			out[i] = "–"
+			continue
+		}
+		slices.Sort(p)
+		out[i] = fmt.Sprintf("%s/%s (%d events)", p[len(p)/2].Round(time.Millisecond), p[len(p)*99/100].Round(time.Millisecond), len(p))
+	}
+	return out, nil
 }

@@ -297,6 +297,25 @@ func (h *netHost) degrade(ports []int, p float64) error {
 	return nil
 }
 
+// dropped returns how many packets the host's fault rules dropped so far.
+func (h *netHost) dropped() (int64, error) {
+	out, err := exec.Command("ip", "netns", "exec", h.ns, "iptables", "-L", "-v", "-x", "-n").Output()
+	if err != nil {
+		return 0, fmt.Errorf("iptables -L in %s: %w", h.ns, err)
+	}
+	var n int64
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && f[2] == "DROP" {
+			pkts, err := strconv.ParseInt(f[0], 10, 64)
+			if err == nil {
+				n += pkts
+			}
+		}
+	}
+	return n, nil
+}
+
 // heal removes every fault rule of the host.
 func (h *netHost) heal() error {
 	h.mu.Lock()

@@ -32,7 +32,10 @@ type tcpProxy struct {
 	down   bool
 	conns  map[net.Conn]struct{} // both ends of every forwarded connection
 	closed bool
-	wg     sync.WaitGroup
+	// delayed counts the chunks forwarded with a delay: the proof that
+	// the connections it was meant to slow down went through it.
+	delayed int64
+	wg      sync.WaitGroup
 }
 
 // startProxy listens on a free port of 127.0.0.1 and forwards to target.
@@ -162,11 +165,19 @@ func (p *tcpProxy) latency() time.Duration {
 	if p.delay == 0 {
 		return 0
 	}
+	p.delayed++
 	d := p.delay
 	if p.jitter > 0 {
 		d += time.Duration(p.rng.Int64N(int64(2*p.jitter))) - p.jitter
 	}
 	return max(d, 0)
+}
+
+// delayedChunks returns how many chunks were forwarded with a delay.
+func (p *tcpProxy) delayedChunks() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delayed
 }
 
 // setDelay sets the latency added to each chunk from now on.
