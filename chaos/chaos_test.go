@@ -47,7 +47,7 @@ var scenarios = []scenario{
 	{name: "combined", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectCombined},
 	// Faults of the infrastructure between the parts (issue 22).
 	{name: "partition-broker", consumers: 3, hosts: 1, count: 2400, rate: 150, latency: 350 * time.Millisecond, inject: injectPartitionBroker,
-		env: map[string]string{"PAYMENT_MAX_RPS": "15", "PAYMENT_RECOVER_AFTER": "2m"}, needs: netFaultsAvailable,
+		env: map[string]string{"PAYMENT_MAX_RPS": fmt.Sprint(zombieRPS), "PAYMENT_RECOVER_AFTER": "2m"}, needs: netFaultsAvailable,
 		only: brokerApache, why: "apache only: the partition cuts a replica from three real brokers, whose coordinator expires its member"},
 	{name: "partition-database", consumers: 3, hosts: 1, count: 3000, rate: 100, latency: 400 * time.Millisecond, inject: injectPartitionDatabase,
 		needs: netFaultsAvailable},

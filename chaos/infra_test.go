@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
+
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/metrics"
 )
@@ -56,6 +58,46 @@ func (r *run) inSlot(slot int) *consumer {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.consumers[slot]
+}
+
+// backlogOf returns the partitions of the order topic the group assigned to
+// the member of client id clientID, as its coordinator says, and how many
+// of their messages the group has not committed: the work that member
+// holds or has still to fetch.
+func (r *run) backlogOf(clientID string) ([]int32, int64, error) {
+	// Not closed: that would close the shared probe client.
+	admin, err := sarama.NewClusterAdminFromClient(r.probe)
+	if err != nil {
+		return nil, 0, err
+	}
+	groups, err := admin.DescribeConsumerGroups([]string{r.group})
+	if err != nil || len(groups) == 0 {
+		return nil, 0, fmt.Errorf("describe group %s: %v", r.group, err)
+	}
+	var owned []int32
+	for _, m := range groups[0].Members {
+		if m.ClientId != clientID {
+			continue
+		}
+		a, err := m.GetMemberAssignment()
+		if err != nil {
+			return nil, 0, err
+		}
+		owned = append(owned, a.Topics[r.topic]...)
+	}
+	end, err := kafka.EndOffsets(r.probe, r.topic)
+	if err != nil {
+		return nil, 0, err
+	}
+	committed, err := kafka.CommittedOffsets(r.probe, r.group, r.topic)
+	if err != nil {
+		return nil, 0, err
+	}
+	var lag int64
+	for _, p := range owned {
+		lag += end[p] - max(committed[p], 0)
+	}
+	return owned, lag, nil
 }
 
 // committedTotal is the sum of the group's committed offsets (the
@@ -111,7 +153,7 @@ type rebalance struct {
 // rebalance: "[2026-12-04 17:14:36,292] INFO [GroupCoordinator ...]
 // Preparing to rebalance group G in state S with old generation N
 // (reason: ...)".
-var coordinatorLog = regexp.MustCompile(`^\[([0-9-]+ [0-9:]+,[0-9]+)\] INFO .*Preparing to rebalance group (\S+) in state \S+ with old generation ([0-9]+) \(reason: (.*)\)`)
+var coordinatorLog = regexp.MustCompile(`^\[([0-9-]+ [0-9:]+,[0-9]+)\] INFO .*Preparing to rebalance group (\S+) in state \S+ with old generation ([0-9]+) \(reason: (.*)\)\.? \(org\.apache\.kafka\.[A-Za-z.]+\)$`)
 
 // rebalances returns the rebalances of the run's group that the brokers'
 // group coordinators started in [from, to], in order. A member's own log

@@ -28,6 +28,10 @@ import (
 // for the provider's clock and the poll.
 const zombieBound = sessionTimeout + paymentTimeout + 2*time.Second
 
+// zombieRPS is partition-broker's PAYMENT_MAX_RPS: how fast each replica
+// charges.
+const zombieRPS = 15
+
 // readyzLimit is how long a /readyz answer may take whatever the database
 // does: serve gives its database checks 2s, and 1s is slack.
 const readyzLimit = 3 * time.Second
@@ -63,7 +67,7 @@ func injectPartitionBroker(r *run) {
 		r.t.Errorf("partition-broker: %v", err)
 		return
 	}
-	r.sleepUntil(between(rng, 10*time.Second, 12*time.Second))
+	r.sleepUntil(between(rng, 12*time.Second, 14*time.Second))
 	// Cut while the zombie has charges in flight: it sent a request within
 	// the provider's latency.
 	var before pspClient
@@ -71,6 +75,13 @@ func injectPartitionBroker(r *run) {
 		if before, err = r.psp.client(host.nsIP); err == nil && time.Since(before.Last) < r.sc.latency {
 			break
 		}
+	}
+	// The zombie must hold more work than it can do before the bound, or
+	// a zombie that never stops would pass.
+	owned, backlog, err := r.backlogOf(zombie.name)
+	if err != nil {
+		r.t.Errorf("partition-broker: %v", err)
+		return
 	}
 	hold := between(rng, 24*time.Second, 27*time.Second)
 	r.fault("partition-broker", "%s (pid %d, %s) cut off from the brokers (ports %v) for %s; PostgreSQL and the provider stay reachable",
@@ -96,6 +107,11 @@ func injectPartitionBroker(r *run) {
 	}
 	defer heal()
 	r.t.Logf("[+%s] %s had sent %d charge requests, the last %s before the cut", r.elapsed(), zombie.name, before.Requests, cut.Sub(before.Last).Round(time.Millisecond))
+	r.figure("zombie's partitions %v held %d messages not committed at the cut", owned, backlog)
+	if rps := float64(zombieRPS); float64(backlog) < rps*(zombieBound+5*time.Second).Seconds() {
+		r.t.Errorf("%s's partitions held %d uncommitted messages at the cut, less than %s of its work at %.0f charges/s: the scenario cannot tell a zombie that stops from one that does not",
+			zombie.name, backlog, zombieBound+5*time.Second, rps)
+	}
 
 	sleepFor(cut, zombieBound)
 	atBound, err := r.psp.client(host.nsIP)
