@@ -70,7 +70,7 @@ func TestChaos(t *testing.T) {
 			if sc.needs != nil {
 				if err := sc.needs(); err != nil {
 					if os.Getenv("CI") == "true" {
-						addRow(summaryRow{scenario: sc.name, faults: "cannot run here: " + err.Error()})
+						addRow(summaryRow{scenario: sc.name, cannot: err.Error()})
 						t.Fatalf("CI=true, and this scenario cannot run here: %v", err)
 					}
 					addRow(summaryRow{scenario: sc.name, skipped: err.Error(), passed: true})
