@@ -132,10 +132,18 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 
 	// --- HTTP first, so that liveness answers while dependencies come up.
 	var consumer atomic.Pointer[kafka.Consumer]
+	var proc atomic.Pointer[billing.Processor]
 	ready := server.Readiness{
 		SchemaVersion: func(ctx context.Context) (int64, error) { return postgres.SchemaVersion(ctx, db) },
-		Writable:      func(ctx context.Context) error { return postgres.CheckWritable(ctx, db) },
-		WantSchema:    schema,
+		Writable: func(ctx context.Context) error {
+			if p := proc.Load(); p != nil {
+				if err := p.WriteRefusal(); err != nil {
+					return err
+				}
+			}
+			return postgres.CheckWritable(ctx, db)
+		},
+		WantSchema: schema,
 		Consumer: func() bool {
 			c := consumer.Load()
 			return c != nil && c.Ready()
@@ -213,12 +221,13 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	}, m)
 	defer payer.Close()
 	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew, ProviderWindow: cfg.Payment.IdempotencyWindow}
-	proc := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
+	processor := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
+	proc.Store(processor)
 	// Charge attempts a crash left pending are completed by any replica,
 	// and the pending and expired ones reported, whatever the consumer does.
 	maintenance.Go(func() {
 		every(ctx, recoverInterval(cfg.Payment.RecoverAfter), "charge attempt recovery", log, func(ctx context.Context) error {
-			_, err := proc.Recover(ctx, cfg.Payment.RecoverAfter)
+			_, err := processor.Recover(ctx, cfg.Payment.RecoverAfter)
 			return err
 		})
 	})
@@ -237,7 +246,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	relay := outbox.NewRelay(db, relayProducer, cfg.Kafka.OutcomeTopic, m, log)
 	relay.MaxBytes = sizes.outcome
 	maintenance.Go(func() { relay.Run(ctx) })
-	c, err := kafka.NewConsumer(client, proc, parking, kafka.Options{
+	c, err := kafka.NewConsumer(client, processor, parking, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
 		Group:              cfg.Kafka.GroupID,
 		Lanes:              cfg.Consumer.Lanes,

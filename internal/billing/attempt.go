@@ -341,11 +341,7 @@ RETURNING c.event_id, c.status`
 			if ch.Status == charge.Pending {
 				continue
 			}
-			o, err := p.outcomeOf(results, calls[ch.EventID], ch.Status)
-			if err != nil {
-				return err
-			}
-			outcomes = append(outcomes, o)
+			outcomes = append(outcomes, p.outcomeOf(results, calls[ch.EventID], ch.Status))
 		}
 		if err := outbox.Record(ctx, tx, outcomes); err != nil {
 			return err
@@ -373,29 +369,28 @@ RETURNING c.event_id, c.status`
 
 // outcomeOf is the payment outcome event of c's attempt, settled here as
 // status.
-func (p *Processor) outcomeOf(results []Result, c *call, status string) (outbox.Outcome, error) {
+func (p *Processor) outcomeOf(results []Result, c *call, status string) outbox.Outcome {
 	a := c.a
 	ev := order.Event{ID: a.EventID, OrderID: a.OrderID, CustomerID: a.CustomerID,
 		Amount: order.Money{Minor: a.Amount, Currency: a.Currency}}
 	typ := map[string]string{charge.Succeeded: outbox.Succeeded, charge.Declined: outbox.Declined, charge.Rejected: outbox.Failed}[status]
-	o, err := outbox.NewOutcome(typ, ev, p.now())
-	if err != nil {
-		return o, err
+	var reason string
+	if status == charge.Rejected {
+		reason = CodeProviderRejected
 	}
+	o := outbox.NewOutcome(typ, ev, reason, p.now())
 	switch status {
 	case charge.Succeeded:
 		o.ProviderChargeID = c.charge.ID
 	case charge.Declined:
 		o.DeclineCode = payment.DeclineCode(c.err)
-	case charge.Rejected:
-		o.Reason = CodeProviderRejected
 	}
 	sc := c.trace
 	if c.countedFor >= 0 {
 		sc = results[c.countedFor].trace // the attempt's own event
 	}
 	o.Traceparent = tracing.Traceparent(sc)
-	return o, nil
+	return o
 }
 
 // inTxWithOutbox is inTx for a transaction that records outcomes: when the
@@ -434,7 +429,9 @@ func (p *Processor) inTx(ctx context.Context, phase string, results []Result, id
 	started := time.Now()
 	err := postgres.InTx(ctx, p.db, fn)
 	p.metrics.Transaction.WithLabelValues(phase).Observe(time.Since(started).Seconds())
+	p.writes.Observe(err)
 	if err != nil {
+		p.metrics.DBErrors.WithLabelValues(postgres.SQLState(err)).Inc()
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "rolled back")
 	}

@@ -41,6 +41,7 @@ import (
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/tracing"
 )
 
@@ -173,6 +174,10 @@ type Processor struct {
 	log     *slog.Logger
 	now     func() time.Time
 
+	// writes knows whether the database refuses writes (a full disk),
+	// which only failing transactions tell.
+	writes postgres.Writes
+
 	mu      sync.Mutex
 	sending map[uuid.UUID]struct{} // attempts whose request this process is sending
 	// instance tells this process's tries from another's in
@@ -189,6 +194,11 @@ func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon,
 		tracer: tp.Tracer("example.com/billing/internal/billing"), log: log, now: time.Now,
 		sending: map[uuid.UUID]struct{}{}, instance: uuid.Must(uuid.NewV4()).String()}
 }
+
+// WriteRefusal says why the database refuses billing's writes (a full
+// disk, no memory: postgres.Refuses), nil while it takes them. A server in
+// that state answers every other check; readiness asks this.
+func (p *Processor) WriteRefusal() error { return p.writes.Err() }
 
 // Process handles consecutive messages of one lane and returns one Result
 // for each.
@@ -285,11 +295,8 @@ func (p *Processor) announceParked(ctx context.Context, results []Result) error 
 		if r.Outcome != Parked || r.Event.ID == uuid.Nil || (r.Code != CodeStaleEvent && r.Code != CodePayloadMismatch) {
 			continue
 		}
-		o, err := outbox.NewOutcome(outbox.Failed, r.Event, p.now())
-		if err != nil {
-			return err
-		}
-		o.Reason, o.Traceparent = r.Code, tracing.Traceparent(r.trace)
+		o := outbox.NewOutcome(outbox.Failed, r.Event, r.Code, p.now())
+		o.Traceparent = tracing.Traceparent(r.trace)
 		idx = append(idx, i)
 		orderIDs = append(orderIDs, r.Event.OrderID)
 		outcomes = append(outcomes, o)
@@ -305,7 +312,7 @@ func (p *Processor) announceParked(ctx context.Context, results []Result) error 
 		if err := lockOrders(ctx, tx, orderIDs); err != nil {
 			return err
 		}
-		return outbox.RecordFailures(ctx, tx, outcomes)
+		return outbox.Record(ctx, tx, outcomes)
 	})
 	if err != nil {
 		for _, i := range idx {

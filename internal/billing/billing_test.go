@@ -13,6 +13,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"example.com/billing/internal/billing"
@@ -31,6 +32,7 @@ type fixture struct {
 	db   *sqlx.DB
 	psp  *fakepsp.Server
 	proc *billing.Processor
+	m    *metrics.Metrics
 }
 
 func newFixture(t *testing.T, opts fakepsp.Options) *fixture {
@@ -44,7 +46,7 @@ func newFixture(t *testing.T, opts fakepsp.Options) *fixture {
 	t.Cleanup(payer.Close)
 	horizon := billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return &fixture{db: db, psp: psp, proc: billing.NewProcessor(db, dedup.NewStore("test-group"), payer, horizon, m, noop.NewTracerProvider(), log)}
+	return &fixture{db: db, psp: psp, m: m, proc: billing.NewProcessor(db, dedup.NewStore("test-group"), payer, horizon, m, noop.NewTracerProvider(), log)}
 }
 
 func (f *fixture) count(t *testing.T, q string, args ...any) int {
@@ -284,6 +286,49 @@ func TestProcess_DatabaseDownIsPendingNotParked(t *testing.T) {
 	res, err := f.proc.Process(context.Background(), messages(a))
 	if err == nil || res[0].Outcome != billing.Pending {
 		t.Fatalf("Process on a closed database = %v, %v; want pending and an error", res[0].Outcome, err)
+	}
+}
+
+// A database that refuses writes for want of a resource (a full disk:
+// SQLSTATE 53100, as PostgreSQL answers when it cannot extend a table's
+// file) is an outage, not the event's fault: the event is left pending,
+// uncharged and unparked, the refusal is what readiness reports and is
+// counted by SQLSTATE, and once the database takes writes again the event
+// is charged and readiness is clear.
+func TestProcess_ADatabaseThatRefusesWritesIsAnOutage(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	for _, q := range []string{
+		`CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+		 RAISE EXCEPTION 'could not extend file "base/16384/16390": No space left on device' USING ERRCODE = 'disk_full'; END $$`,
+		`CREATE TRIGGER disk_full BEFORE INSERT ON processed_event FOR EACH ROW EXECUTE FUNCTION disk_full()`,
+	} {
+		if _, err := f.db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, a := newEvent(t, 1, time.Now())
+	res, err := f.proc.Process(context.Background(), messages(a))
+	if err == nil || res[0].Outcome != billing.Pending {
+		t.Fatalf("Process while the disk is full = %v, %v; want pending and an error", res[0].Outcome, err)
+	}
+	if got := f.proc.WriteRefusal(); got == nil || !strings.Contains(got.Error(), "No space left on device") || !strings.Contains(got.Error(), "53100") {
+		t.Errorf("WriteRefusal() = %v, want the server's words and SQLSTATE 53100", got)
+	}
+	if got := testutil.ToFloat64(f.m.DBErrors.WithLabelValues("53100")); got < 1 {
+		t.Errorf("billing_db_errors_total{sqlstate=\"53100\"} = %v, want ≥ 1", got)
+	}
+	if got := f.psp.Stats().Requests; got != 0 {
+		t.Errorf("%d provider requests while nothing could be recorded, want 0", got)
+	}
+
+	if _, err := f.db.Exec(`DROP TRIGGER disk_full ON processed_event`); err != nil {
+		t.Fatal(err)
+	}
+	if res := process(t, f.proc, a); res[0].Outcome != billing.Charged {
+		t.Errorf("once the database takes writes again: %v, want charged", res[0].Outcome)
+	}
+	if got := f.proc.WriteRefusal(); got != nil {
+		t.Errorf("WriteRefusal() after a committed write = %v, want nil", got)
 	}
 }
 

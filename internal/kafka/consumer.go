@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,6 +78,7 @@ type Consumer struct {
 	tokens chan struct{} // one per message in flight
 	bytes  atomic.Int64  // keys and values of the messages in flight
 	ready  atomic.Bool   // holds a group session
+	member *membership   // whether the coordinator still counts it
 
 	mu    sync.Mutex
 	owned map[int32]*partition // partitions being consumed, for lag
@@ -91,7 +93,7 @@ func NewConsumer(client sarama.Client, proc Processor, dlq Parker, opts Options,
 	if opts.MaxInFlightBytes <= 0 {
 		opts.MaxInFlightBytes = math.MaxInt64
 	}
-	return &Consumer{
+	c := &Consumer{
 		client:  client,
 		group:   group,
 		proc:    proc,
@@ -101,12 +103,23 @@ func NewConsumer(client sarama.Client, proc Processor, dlq Parker, opts Options,
 		tracer:  tp.Tracer("example.com/billing/internal/kafka"),
 		log:     log,
 		tokens:  make(chan struct{}, opts.MaxInFlight),
+		member:  newMembership(client, opts.Group),
 		owned:   make(map[int32]*partition),
-	}, nil
+	}
+	c.member.onTick = func(d time.Duration) { m.HeartbeatAge.Set(d.Seconds()) }
+	c.member.onLapse = func(d time.Duration) {
+		log.Error("the group coordinator has not confirmed this member for longer than the session timeout (cut off from the brokers?): its partitions may be another member's by now, so it starts no new work until the coordinator confirms it again; work in flight is decided by the database",
+			"unconfirmed_for", d, "session_timeout", c.member.timeout, "partitions", c.ownedPartitions())
+	}
+	c.member.onAgain = func(d time.Duration) {
+		log.Warn("the group coordinator confirms this member again; resuming work", "unconfirmed_for", d)
+	}
+	return c, nil
 }
 
-// Ready reports whether the consumer holds a group session.
-func (c *Consumer) Ready() bool { return c.ready.Load() }
+// Ready reports whether the consumer holds a group session that the
+// coordinator confirms.
+func (c *Consumer) Ready() bool { return c.ready.Load() && c.member.holds() }
 
 // Run consumes until ctx is done, then drains in-flight work (within the
 // drain timeout), commits the marked offsets and leaves the group.
@@ -121,6 +134,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	lagCtx, stopLag := context.WithCancel(ctx)
 	defer stopLag()
 	wg.Go(func() { c.reportLag(lagCtx) })
+	wg.Go(func() { c.member.run(lagCtx) })
 
 	// sarama does not watch ctx while it joins the group, so a SIGTERM
 	// during a rebalance would wait for the rebalance (up to its timeout, or
@@ -179,6 +193,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // Setup implements sarama.ConsumerGroupHandler.
 func (c *Consumer) Setup(sess sarama.ConsumerGroupSession) error {
+	c.member.begin(sess)
 	c.ready.Store(true)
 	c.log.Info("joined consumer group", "member_id", sess.MemberID(), "generation", sess.GenerationID(), "claims", sess.Claims())
 	return nil
@@ -187,6 +202,7 @@ func (c *Consumer) Setup(sess sarama.ConsumerGroupSession) error {
 // Cleanup implements sarama.ConsumerGroupHandler.
 func (c *Consumer) Cleanup(sess sarama.ConsumerGroupSession) error {
 	c.ready.Store(false)
+	c.member.end()
 	c.log.Info("left consumer group session", "member_id", sess.MemberID(), "generation", sess.GenerationID())
 	return nil
 }
@@ -212,6 +228,18 @@ func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.C
 	c.metrics.Rebalances.WithLabelValues("revoked").Inc()
 	c.log.Info("partition released", "topic", claim.Topic(), "partition", claim.Partition(), "unfinished", p.tracker.unfinished())
 	return nil
+}
+
+// ownedPartitions lists the partitions being consumed.
+func (c *Consumer) ownedPartitions() []int32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]int32, 0, len(c.owned))
+	for id := range c.owned {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // traceID is the trace id of a message's span, "" when it has none.

@@ -129,6 +129,13 @@ func kafkaConfig(b *kafkatest.Broker, instance string) config.Kafka {
 // startMember joins the group with proc and opts.
 func startMember(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, opts kafka.Options, instance string) *member {
 	t.Helper()
+	return startMemberWith(t, b, proc, opts, instance, nil)
+}
+
+// startMemberWith is startMember with the consumer client's configuration
+// changed by edit.
+func startMemberWith(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, opts kafka.Options, instance string, edit func(*sarama.Config)) *member {
+	t.Helper()
 	k := kafkaConfig(b, instance)
 	cfg, err := kafka.ConsumerConfig(k)
 	if err != nil {
@@ -137,6 +144,9 @@ func startMember(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, opts k
 	// Rebalances in these tests should take a second, not a heartbeat
 	// interval of the production settings.
 	cfg.Consumer.Group.Heartbeat.Interval = 200 * time.Millisecond
+	if edit != nil {
+		edit(cfg)
+	}
 	client, err := sarama.NewClient(k.Brokers, cfg)
 	if err != nil {
 		t.Fatal(err)

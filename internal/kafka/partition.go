@@ -132,7 +132,9 @@ func (p *partition) runLane(in <-chan *message) {
 	batch := make([]*message, 0, p.c.opts.BatchMax)
 	for {
 		batch, open := l.next(batch[:0])
-		if p.isStopped() || !open {
+		// A member the coordinator no longer confirms may have lost its
+		// partitions: it starts nothing until confirmed again.
+		if p.isStopped() || !open || !p.c.member.await(p.stopped) {
 			l.abandon(batch)
 			return
 		}

@@ -51,6 +51,10 @@ type Metrics struct {
 	// pipeline was open, by phase (claim, settle, recover): none of them
 	// spans a provider call, so they stay short whatever the provider does.
 	Transaction *prometheus.HistogramVec
+	// DBErrors counts pipeline transactions that failed, by the SQLSTATE
+	// the server answered (53100: disk full) or "none" when it did not
+	// answer (unreachable, a connection lost).
+	DBErrors *prometheus.CounterVec
 	// AttemptsPending is the number of charge attempts waiting for a
 	// provider answer to be recorded, AttemptsOldestPending the age of the
 	// oldest, and AttemptsExpired those older than the provider's
@@ -79,6 +83,10 @@ type Metrics struct {
 	Retries *prometheus.CounterVec
 	// Retrying is the number of messages waiting for a retry of their key.
 	Retrying prometheus.Gauge
+	// HeartbeatAge is the time since the group coordinator last confirmed
+	// this process's membership (kafka's membership); past the session
+	// timeout the process starts no new work.
+	HeartbeatAge prometheus.Gauge
 	// Rebalances counts partitions assigned and revoked.
 	Rebalances *prometheus.CounterVec
 	// Batch observes how many events share one database transaction.
@@ -134,6 +142,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Time each pipeline database transaction was open, by phase (claim, settle, park, recover); none spans a provider call.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"phase"}),
+		DBErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_db_errors_total",
+			Help: "Pipeline database transactions that failed and will be retried, by SQLSTATE (53100 disk full, 25006 read-only; none: no answer from the server).",
+		}, []string{"sqlstate"}),
 		AttemptsPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "billing_charge_attempts_pending",
 			Help: "Charge attempts recorded before their provider call whose answer is not recorded yet (read by maintenance).",
@@ -182,6 +194,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "billing_messages_retrying",
 			Help: "Messages held for retry: those that failed for a reason outside the event and wait to be tried again, and the later messages of their keys waiting behind them.",
 		}),
+		HeartbeatAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_consumer_heartbeat_age_seconds",
+			Help: "Time since the group coordinator last confirmed this member; past the session timeout (cut off from the brokers) the member starts no new work.",
+		}),
 		Rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_partitions_rebalanced_total",
 			Help: "Partitions assigned to or revoked from this instance.",
@@ -209,9 +225,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
-		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.AttemptsPending, m.AttemptsOldestPending,
+		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
 		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
-		m.OutboxPublished, m.OutboxErrors, m.Lag, m.Retries, m.Retrying, m.Rebalances, m.Batch,
+		m.OutboxPublished, m.OutboxErrors, m.Lag, m.Retries, m.Retrying, m.HeartbeatAge, m.Rebalances, m.Batch,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.

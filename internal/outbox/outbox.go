@@ -9,11 +9,14 @@
 // publishing before could announce a charge that rolled back. The Relay
 // publishes the rows afterwards with an idempotent producer, at least once,
 // in commit order per order; consumers deduplicate by the outcome's eventId,
-// which never changes on re-publication.
+// which is derived from the outcome itself (OutcomeID), so that it is the
+// same on re-publication and also when billing records an outcome a second
+// time because a database failover lost the first record.
 package outbox
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"strconv"
 	"time"
@@ -41,7 +44,8 @@ const Table = partition.Table("outbox")
 
 // Outcome is one payment outcome event.
 type Outcome struct {
-	// EventID is the outcome event's own id, a UUID v7; NewOutcome makes it.
+	// EventID is the outcome event's own id, a UUID v7 derived from the
+	// outcome (OutcomeID); NewOutcome sets it.
 	EventID uuid.UUID
 	Type    string
 	// OccurredAt is when the outcome was recorded.
@@ -58,15 +62,36 @@ type Outcome struct {
 	Traceparent string
 }
 
-// NewOutcome returns an outcome of type typ of the order event ev, recorded
-// now, with a fresh UUID v7 as its id.
-func NewOutcome(typ string, ev order.Event, now time.Time) (Outcome, error) {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return Outcome{}, fmt.Errorf("outbox: outcome event id: %w", err)
-	}
-	return Outcome{EventID: id, Type: typ, OccurredAt: now.UTC(), CausationID: ev.ID,
-		OrderID: ev.OrderID, CustomerID: ev.CustomerID, Amount: ev.Amount}, nil
+// NewOutcome returns the outcome of type typ (with reason, the DLQ reason
+// code, for Failed) of the order event ev, recorded now.
+func NewOutcome(typ string, ev order.Event, reason string, now time.Time) Outcome {
+	return Outcome{EventID: OutcomeID(ev.ID, typ, reason), Type: typ, OccurredAt: now.UTC(), CausationID: ev.ID,
+		OrderID: ev.OrderID, CustomerID: ev.CustomerID, Amount: ev.Amount, Reason: reason}
+}
+
+// OutcomeID is the eventId of the outcome of type typ (and reason) of the
+// order event cause: a UUID v7 whose time is the order event's (its id's
+// first 48 bits) and whose other bits are a hash of the three.
+//
+// It is derived, not drawn, because an outcome can be recorded twice: after
+// a PostgreSQL failover that lost the last acknowledged commits, billing
+// consumes the lost events again and the provider answers their charges
+// again (same Idempotency-Key), and the outcome recorded then must carry the
+// id under which consumers may already have seen it, or they would count
+// one payment twice. The same facts give the same id; a different outcome
+// of the same order event (declined, then charged after a replay) gives
+// another.
+func OutcomeID(cause uuid.UUID, typ, reason string) uuid.UUID {
+	h := sha256.New()
+	h.Write([]byte("payments.settled outcome\x00"))
+	h.Write(cause[:])
+	h.Write([]byte(typ + "\x00" + reason))
+	var id uuid.UUID
+	copy(id[:6], cause[:6])
+	copy(id[6:], h.Sum(nil))
+	id.SetVersion(uuid.V7)
+	id.SetVariant(uuid.VariantRFC9562)
+	return id
 }
 
 // MarshalJSON encodes o as the payments.settled value: totalAmount a JSON
@@ -103,7 +128,9 @@ func (o Outcome) MarshalJSON() ([]byte, error) {
 }
 
 // Record inserts outcomes into the outbox inside tx: they are published if
-// and only if tx commits.
+// and only if tx commits. An outcome already recorded (the same id: a
+// parked message delivered again announces its failure once; a refused
+// request refused again is the same fact) is not recorded twice.
 func Record(ctx context.Context, tx *sqlx.Tx, outcomes []Outcome) error {
 	if len(outcomes) == 0 {
 		return nil
@@ -111,28 +138,8 @@ func Record(ctx context.Context, tx *sqlx.Tx, outcomes []Outcome) error {
 	const q = `
 INSERT INTO outbox (event_id, order_id, event_type, causation_id, reason, payload, traceparent)
 SELECT id, o, t, c, NULLIF(r, ''), p, NULLIF(tp, '')
-FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::bytea[], $7::text[]) AS u(id, o, t, c, r, p, tp)`
-	return insert(ctx, tx, q, outcomes)
-}
-
-// RecordFailures inserts payment.failed.v1 outcomes inside tx, except those
-// already announced for the same order event and reason: a parked message
-// that is delivered again (a crash before its offset was committed, a
-// replay) announces its failure once. The caller holds the orders' advisory
-// locks, so two copies cannot both find none.
-func RecordFailures(ctx context.Context, tx *sqlx.Tx, outcomes []Outcome) error {
-	if len(outcomes) == 0 {
-		return nil
-	}
-	const q = `
-INSERT INTO outbox (event_id, order_id, event_type, causation_id, reason, payload, traceparent)
-SELECT id, o, t, c, NULLIF(r, ''), p, NULLIF(tp, '')
 FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::uuid[], $5::text[], $6::bytea[], $7::text[]) AS u(id, o, t, c, r, p, tp)
-WHERE NOT EXISTS (SELECT 1 FROM outbox x WHERE x.causation_id = u.c AND x.event_type = u.t AND x.reason = u.r)`
-	return insert(ctx, tx, q, outcomes)
-}
-
-func insert(ctx context.Context, tx *sqlx.Tx, q string, outcomes []Outcome) error {
+ON CONFLICT (event_id) DO NOTHING`
 	var ids, types, causes, reasons, traces pq.StringArray
 	var orders pq.Int64Array
 	var payloads pq.ByteaArray

@@ -70,6 +70,48 @@ func TestOutcome_MarshalJSON(t *testing.T) {
 	}
 }
 
+// An outcome's id is derived from the facts it announces: the same order
+// event, type and reason give the same UUID v7 (with the order event's
+// time), whenever and however often it is recorded; any other fact gives
+// another id.
+func TestOutcomeID(t *testing.T) {
+	cause := uuid.Must(uuid.NewV7AtTime(time.Date(2026, 12, 3, 10, 0, 0, 123000000, time.UTC)))
+	other := uuid.Must(uuid.NewV7AtTime(time.Date(2026, 12, 3, 10, 0, 0, 123000000, time.UTC)))
+	id := outbox.OutcomeID(cause, outbox.Succeeded, "")
+	if id.Version() != uuid.V7 || id.Variant() != uuid.VariantRFC9562 {
+		t.Errorf("%s: version %d variant %d, want a UUID v7", id, id.Version(), id.Variant())
+	}
+	if got, _ := uuid.TimestampFromV7(id); got != mustTime(uuid.TimestampFromV7(cause)) {
+		t.Errorf("%s carries time %v, want the order event's", id, got)
+	}
+	if again := outbox.NewOutcome(outbox.Succeeded, order.Event{ID: cause}, "", time.Now().Add(time.Hour)).EventID; again != id {
+		t.Errorf("recorded again an hour later: %s, want %s", again, id)
+	}
+	for _, tt := range []struct {
+		name        string
+		cause       uuid.UUID
+		typ, reason string
+	}{
+		{"OtherType", cause, outbox.Declined, ""},
+		{"OtherReason", cause, outbox.Failed, "stale-event"},
+		{"OtherReasonOfTheSameType", cause, outbox.Failed, "payload-mismatch"},
+		{"OtherOrderEventOfTheSameMillisecond", other, outbox.Succeeded, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := outbox.OutcomeID(tt.cause, tt.typ, tt.reason); got == id {
+				t.Errorf("%s %s %q has the id of %s succeeded: %s", tt.cause, tt.typ, tt.reason, cause, got)
+			}
+		})
+	}
+}
+
+func mustTime(ts uuid.Timestamp, err error) uuid.Timestamp {
+	if err != nil {
+		panic(err)
+	}
+	return ts
+}
+
 func with(o outbox.Outcome, f func(*outbox.Outcome)) outbox.Outcome { f(&o); return o }
 
 // world is a migrated database and a broker with the outcome topic.
@@ -94,16 +136,19 @@ func (w *world) record(orderID int64, typ string) outbox.Outcome {
 	w.t.Helper()
 	w.seq++
 	ev := order.Event{ID: uuid.Must(uuid.NewV7()), OrderID: orderID, CustomerID: 9, Amount: order.Money{Minor: int64(100 + w.seq), Currency: "EUR"}}
-	o, err := outbox.NewOutcome(typ, ev, time.Now())
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	o := outbox.NewOutcome(typ, ev, "", time.Now())
+	w.insert(o)
+	return o
+}
+
+// insert records o in a transaction of its own.
+func (w *world) insert(o outbox.Outcome) {
+	w.t.Helper()
 	if err := postgres.InTx(context.Background(), w.db, func(tx *sqlx.Tx) error {
 		return outbox.Record(context.Background(), tx, []outbox.Outcome{o})
 	}); err != nil {
 		w.t.Fatal(err)
 	}
-	return o
 }
 
 // relay starts a relay and returns the function that stops it.
@@ -270,5 +315,41 @@ func TestRelay_RepublishesWithTheSameEventID(t *testing.T) {
 	got := w.published(2)
 	if fmt.Sprint(got["7"]) != fmt.Sprint([]string{rec.EventID.String(), rec.EventID.String()}) {
 		t.Errorf("published %v, want the same eventId twice", got["7"])
+	}
+}
+
+// An outcome recorded again is announced under the same eventId: when the
+// row is still there (a parked message delivered twice) nothing new is
+// recorded, and when a database failover lost it after it was published,
+// the consumer, deduplicating by eventId as docs/events.md tells it to,
+// sees the payment's outcome once.
+func TestRecord_AnOutcomeRecordedAgainKeepsItsEventID(t *testing.T) {
+	w := newWorld(t)
+	first := w.record(7, outbox.Succeeded)
+	again := first
+	again.OccurredAt = first.OccurredAt.Add(time.Minute)
+	w.insert(again) // still there: nothing happens
+	var rows int
+	if err := w.db.Get(&rows, `SELECT count(*) FROM outbox`); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 {
+		t.Fatalf("%d outbox rows after recording one outcome twice, want 1", rows)
+	}
+	stop := w.relay()
+	w.published(1)
+	stop()
+
+	// The failover: the row is gone, the event is consumed again, the
+	// provider answers the same, and the outcome is recorded again.
+	if _, err := w.db.Exec(`DELETE FROM outbox`); err != nil {
+		t.Fatal(err)
+	}
+	ev := order.Event{ID: first.CausationID, OrderID: first.OrderID, CustomerID: first.CustomerID, Amount: first.Amount}
+	w.insert(outbox.NewOutcome(outbox.Succeeded, ev, "", time.Now()))
+	w.relay()
+	got := w.published(2)
+	if fmt.Sprint(got["7"]) != fmt.Sprint([]string{first.EventID.String(), first.EventID.String()}) {
+		t.Errorf("published %v, want %s twice (one outcome for the consumer)", got["7"], first.EventID)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -57,21 +58,25 @@ func handleHealthz(w http.ResponseWriter, _ *http.Request) {
 // every probe because it can change underneath a running process (a
 // restored backup, a migration rolled back): events would then fail one by
 // one while the process looked healthy.
+//
+// It answers within pingTimeout whatever the database does. A query on a
+// connection whose packets are dropped (a network partition, a failover
+// behind a dead address) does not end when its context does: lib/pq waits
+// for the server's answer until the connection itself fails, which took
+// minutes before postgres.Open set TCP timeouts and still takes seconds. The
+// check runs on its own, the probe stops waiting for it at pingTimeout and
+// says so, and the next probe joins the check still running rather than
+// taking another connection for another stuck query.
 func handleReadyz(ready Readiness, log *slog.Logger) http.HandlerFunc {
+	var db databaseCheck
 	return func(w http.ResponseWriter, r *http.Request) {
 		missing := []string{}
 		ctx, cancel := context.WithTimeout(r.Context(), pingTimeout)
 		defer cancel()
-		switch have, err := ready.SchemaVersion(ctx); {
-		case err != nil:
-			log.Debug("readiness: database unreachable", "err", err)
-			missing = append(missing, "database")
-		case have < ready.WantSchema:
-			missing = append(missing, fmt.Sprintf("database schema: at version %d, billing needs %d (run billing migrate)", have, ready.WantSchema))
-		default:
-			if err := ready.Writable(ctx); err != nil {
-				missing = append(missing, "database writes: "+err.Error())
-			}
+		if m, ok := db.await(ctx, func(ctx context.Context) []string { return checkDatabase(ctx, ready, log) }); ok {
+			missing = append(missing, m...)
+		} else {
+			missing = append(missing, fmt.Sprintf("database: no answer within %s", pingTimeout))
 		}
 		if !ready.Consumer() {
 			missing = append(missing, "consumer group session")
@@ -81,6 +86,61 @@ func handleReadyz(ready Readiness, log *slog.Logger) http.HandlerFunc {
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ready"})
+	}
+}
+
+// checkDatabase returns what the database lacks for billing: nothing, or
+// why it is unreachable, behind in schema or refusing writes.
+func checkDatabase(ctx context.Context, ready Readiness, log *slog.Logger) []string {
+	switch have, err := ready.SchemaVersion(ctx); {
+	case err != nil:
+		log.Debug("readiness: database unreachable", "err", err)
+		return []string{"database"}
+	case have < ready.WantSchema:
+		return []string{fmt.Sprintf("database schema: at version %d, billing needs %d (run billing migrate)", have, ready.WantSchema)}
+	}
+	if err := ready.Writable(ctx); err != nil {
+		return []string{"database writes: " + err.Error()}
+	}
+	return nil
+}
+
+// databaseCheck runs one database check at a time for the probes.
+type databaseCheck struct {
+	mu      sync.Mutex
+	running *checkRun
+}
+
+type checkRun struct {
+	done    chan struct{}
+	missing []string // valid once done is closed
+}
+
+// await returns the result of the check in progress, or of one it starts,
+// and false when ctx ends first. The check has a pingTimeout of its own,
+// apart from any probe's.
+func (c *databaseCheck) await(ctx context.Context, check func(context.Context) []string) ([]string, bool) {
+	c.mu.Lock()
+	run := c.running
+	if run == nil {
+		run = &checkRun{done: make(chan struct{})}
+		c.running = run
+		go func() {
+			checkCtx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+			defer cancel()
+			run.missing = check(checkCtx)
+			c.mu.Lock()
+			c.running = nil
+			c.mu.Unlock()
+			close(run.done)
+		}()
+	}
+	c.mu.Unlock()
+	select {
+	case <-run.done:
+		return run.missing, true
+	case <-ctx.Done():
+		return nil, false
 	}
 }
 

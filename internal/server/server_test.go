@@ -9,7 +9,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -69,5 +73,57 @@ func TestReadyz(t *testing.T) {
 				t.Errorf("missing = %q, want %q", body.Missing, tt.wantMissing)
 			}
 		})
+	}
+}
+
+// A database whose packets are dropped does not answer, and a query waits
+// for it past its context: /readyz still answers 503 within its timeout,
+// saying so, and probes meanwhile wait for the one check in progress
+// instead of each taking a connection for another stuck query.
+func TestReadyz_AnswersWhileTheDatabaseHangs(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	// Whatever /readyz does, the database answers after 5s.
+	timer := time.AfterFunc(5*time.Second, unblock)
+	defer timer.Stop()
+	var calls atomic.Int32
+	h := server.NewHandler(server.Readiness{
+		SchemaVersion: func(context.Context) (int64, error) {
+			calls.Add(1)
+			<-release // as lib/pq does on a dead connection: ctx or not
+			return 3, nil
+		},
+		WantSchema: 3,
+		Writable:   func(context.Context) error { return nil },
+		Consumer:   func() bool { return true },
+	}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	probe := func() (int, string, time.Duration) {
+		started := time.Now()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		return rec.Code, rec.Body.String(), time.Since(started)
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			code, body, took := probe()
+			if code != http.StatusServiceUnavailable || !strings.Contains(body, "database: no answer within 2s") {
+				t.Errorf("/readyz while the database hangs: %d %s, want 503 naming the database", code, body)
+			}
+			if took > 3*time.Second {
+				t.Errorf("/readyz took %s while the database hangs, want about 2s", took)
+			}
+		})
+	}
+	wg.Wait()
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d database checks ran for three probes of one stuck check, want 1", n)
+	}
+	unblock()
+	if code, body, _ := probe(); code != http.StatusOK {
+		t.Errorf("/readyz once the database answers: %d %s, want 200", code, body)
 	}
 }
