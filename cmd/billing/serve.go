@@ -255,6 +255,8 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 		MaxInFlightBytes:   cfg.Consumer.MaxInFlightBytes,
 		DrainTimeout:       cfg.Consumer.DrainTimeout,
 		CommitEveryMessage: cfg.Consumer.CommitEveryMessage,
+		Positions:          dedup.NewPositions(db, cfg.Kafka.GroupID),
+		ReplayWindow:       horizon.ProviderWindow,
 	}, m, tp, log)
 	if err != nil {
 		return fmt.Errorf("consumer group: %w", err)

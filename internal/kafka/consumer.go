@@ -56,8 +56,15 @@ type Options struct {
 	// partition is revoked or the consumer stops.
 	DrainTimeout time.Duration
 	// CommitEveryMessage commits synchronously after each marked offset
-	// instead of once a second (the seed design; a benchmark baseline).
+	// instead of once a second (the seed design; a benchmark baseline). It
+	// marks at once, without saving Positions first.
 	CommitEveryMessage bool
+	// Positions, when set, keeps each partition's position in the
+	// database, saved before Kafka may commit it (see Positions).
+	Positions Positions
+	// ReplayWindow bounds how far back a partition is consumed again
+	// after the database lost commits: the provider's idempotency window.
+	ReplayWindow time.Duration
 }
 
 // stopGrace is how long, beyond the drain timeout, Run waits for sarama to
@@ -79,6 +86,9 @@ type Consumer struct {
 	bytes  atomic.Int64  // keys and values of the messages in flight
 	ready  atomic.Bool   // holds a group session
 	member *membership   // whether the coordinator still counts it
+
+	positions Positions  // nil: offsets are marked as soon as finished
+	posMu     sync.Mutex // one save of positions at a time
 
 	mu    sync.Mutex
 	owned map[int32]*partition // partitions being consumed, for lag
@@ -105,6 +115,9 @@ func NewConsumer(client sarama.Client, proc Processor, dlq Parker, opts Options,
 		tokens:  make(chan struct{}, opts.MaxInFlight),
 		member:  newMembership(client, opts.Group),
 		owned:   make(map[int32]*partition),
+	}
+	if !opts.CommitEveryMessage {
+		c.positions = opts.Positions
 	}
 	c.member.onTick = func(d time.Duration) { m.HeartbeatAge.Set(d.Seconds()) }
 	c.member.onLapse = func(d time.Duration) {
@@ -135,6 +148,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stopLag()
 	wg.Go(func() { c.reportLag(lagCtx) })
 	wg.Go(func() { c.member.run(lagCtx) })
+	if c.positions != nil {
+		wg.Go(func() { c.keepPositions(lagCtx) })
+	}
 
 	// sarama does not watch ctx while it joins the group, so a SIGTERM
 	// during a rebalance would wait for the rebalance (up to its timeout, or
@@ -220,6 +236,13 @@ func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.C
 	c.log.Info("partition assigned", "topic", claim.Topic(), "partition", claim.Partition(), "offset", claim.InitialOffset())
 
 	p.run(claim.Messages())
+	if c.positions != nil {
+		// What finished since the last save is committed with the
+		// session's end, once the database has it.
+		ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+		c.savePositions(ctx, []*partition{p})
+		cancel()
+	}
 
 	c.mu.Lock()
 	delete(c.owned, claim.Partition())

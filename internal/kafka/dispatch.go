@@ -112,6 +112,8 @@ func (p *partition) dispatch(messages <-chan *sarama.ConsumerMessage) {
 		case <-overBytes:
 		case <-done:
 			return
+		case <-p.pos.rewound: // consumed again from the database's position, in a session of its own
+			return
 		}
 	}
 }

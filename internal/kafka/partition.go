@@ -32,6 +32,7 @@ type partition struct {
 	id    int32
 
 	tracker tracker
+	pos     *position
 	lanes   []chan *message
 	// room is signalled when a lane takes messages off its queue.
 	room chan struct{}
@@ -52,6 +53,7 @@ func (c *Consumer) newPartition(sess sarama.ConsumerGroupSession, claim sarama.C
 		sess:       sess,
 		topic:      claim.Topic(),
 		id:         claim.Partition(),
+		pos:        newPosition(claim.InitialOffset()),
 		lanes:      make([]chan *message, c.opts.Lanes),
 		room:       make(chan struct{}, 1),
 		stopped:    make(chan struct{}),
@@ -400,14 +402,20 @@ func (p *partition) finish(m *message, r billing.Result) {
 	// The commit rule: an offset is marked only when it and every offset
 	// before it in the partition are finished (settled, counted, or parked
 	// and acknowledged by the DLQ), so a crash redelivers, never skips.
-	// The tracker says when the lowest unfinished offset moved. Marking is
-	// not committing: sarama's auto-commit (ConsumerConfig: every second,
-	// and at the end of a session) commits what was marked, and
-	// KAFKA_COMMIT_EVERY_MESSAGE commits at once as the seed did.
+	// The tracker says when the lowest unfinished offset moved. It is
+	// marked once the database saved it as the partition's position
+	// (position.go, every second), so that Kafka's commit never passes what
+	// the database knows. Marking is not committing: sarama's auto-commit
+	// (ConsumerConfig: every second, and at the end of a session) commits
+	// what was marked, and KAFKA_COMMIT_EVERY_MESSAGE marks and commits at
+	// once, as the seed did.
 	if next, ok := p.tracker.finish(m.msg.Offset); ok {
-		p.sess.MarkOffset(p.topic, p.id, next, "")
-		if p.c.opts.CommitEveryMessage {
-			p.sess.Commit()
+		p.pos.done.Store(next)
+		if p.c.positions == nil {
+			p.sess.MarkOffset(p.topic, p.id, next, "")
+			if p.c.opts.CommitEveryMessage {
+				p.sess.Commit()
+			}
 		}
 	}
 	p.c.bytes.Add(-m.size)

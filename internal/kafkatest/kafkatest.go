@@ -57,6 +57,8 @@ type Message struct {
 	Key       []byte
 	Value     []byte
 	Headers   []sarama.RecordHeader
+	// Timestamp is the record's create time; zero: when it is produced.
+	Timestamp time.Time
 }
 
 // Produce writes msgs to topic, each to its own partition, and waits for
@@ -70,7 +72,7 @@ func Produce(t testing.TB, client sarama.Client, topic string, msgs ...Message) 
 	defer p.Close()
 	pms := make([]*sarama.ProducerMessage, len(msgs))
 	for i, m := range msgs {
-		pm := &sarama.ProducerMessage{Topic: topic, Partition: m.Partition, Headers: m.Headers}
+		pm := &sarama.ProducerMessage{Topic: topic, Partition: m.Partition, Headers: m.Headers, Timestamp: m.Timestamp}
 		if m.Key != nil {
 			pm.Key = sarama.ByteEncoder(m.Key)
 		}

@@ -87,6 +87,10 @@ type Metrics struct {
 	// this process's membership (kafka's membership); past the session
 	// timeout the process starts no new work.
 	HeartbeatAge prometheus.Gauge
+	// Rewinds counts partitions consumed again because the database lost
+	// commits (its position was behind what billing saved),
+	// RewoundMessages the messages consumed again.
+	Rewinds, RewoundMessages prometheus.Counter
 	// Rebalances counts partitions assigned and revoked.
 	Rebalances *prometheus.CounterVec
 	// Batch observes how many events share one database transaction.
@@ -198,6 +202,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "billing_consumer_heartbeat_age_seconds",
 			Help: "Time since the group coordinator last confirmed this member; past the session timeout (cut off from the brokers) the member starts no new work.",
 		}),
+		Rewinds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_consumer_rewinds_total",
+			Help: "Partitions consumed again from the database's position because the database lost commits billing saw acknowledged (a failover to an asynchronous standby, a restored backup).",
+		}),
+		RewoundMessages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_consumer_rewound_messages_total",
+			Help: "Messages consumed again after the database lost commits.",
+		}),
 		Rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_partitions_rebalanced_total",
 			Help: "Partitions assigned to or revoked from this instance.",
@@ -227,7 +239,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
 		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
 		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
-		m.OutboxPublished, m.OutboxErrors, m.Lag, m.Retries, m.Retrying, m.HeartbeatAge, m.Rebalances, m.Batch,
+		m.OutboxPublished, m.OutboxErrors, m.Lag, m.Retries, m.Retrying, m.HeartbeatAge, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.
