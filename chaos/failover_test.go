@@ -143,7 +143,12 @@ func checkFailover(r *run) {
 		r.t.Errorf("scrape /metrics: %v", err)
 		return
 	}
-	r.figure("billing_consumer_rewinds_total %.0f", rewinds)
+	rewound, err := r.metricSum("billing_consumer_rewound_messages_total")
+	if err != nil {
+		r.t.Errorf("scrape /metrics: %v", err)
+		return
+	}
+	r.figure("%.0f partitions rewound to the database's position, %.0f messages consumed again (billing_consumer_rewinds_total, billing_consumer_rewound_messages_total)", rewinds, rewound)
 }
 
 // prepareDiskFull gives the run a PostgreSQL cluster of its own whose data
