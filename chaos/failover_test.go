@@ -156,7 +156,8 @@ func checkFailover(r *run) {
 // WAL that cannot be written makes PostgreSQL PANIC, a data file that
 // cannot grow fails its statement with SQLSTATE 53100 (disk_full).
 func prepareDiskFull(r *run) error {
-	c, err := newCluster(filepath.Join(r.dir, "pg-disk"), pgOptions{})
+	dir := filepath.Join(r.dir, "pg-disk")
+	c, err := newCluster(dir, pgOptions{wal: filepath.Join(dir, "wal")})
 	if err != nil {
 		return err
 	}
@@ -174,7 +175,6 @@ func prepareDiskFull(r *run) error {
 		}
 	})
 	c.data = filepath.Join(disk.dir, "data")
-	c.opts.wal = filepath.Join(c.dir, "wal")
 	if err := c.initdb(); err != nil {
 		return err
 	}

@@ -55,11 +55,9 @@ type pgCluster struct {
 
 // pgOptions are what a scenario's own cluster changes.
 type pgOptions struct {
-	// data is the data directory (default dir/data); wal, when set, holds
-	// pg_wal outside it (initdb -X), e.g. off a filesystem that fills up.
-	data, wal string
-	// settings are more postmaster settings, name=value.
-	settings []string
+	// wal, when set, holds pg_wal outside the data directory (initdb -X),
+	// e.g. off a filesystem that fills up.
+	wal string
 }
 
 // startCluster creates a cluster in dir with initdb and starts it.
@@ -79,12 +77,10 @@ func startCluster(dir string) (*pgCluster, error) {
 }
 
 // newCluster prepares a cluster's directory and port; initdb or
-// basebackup then creates its data directory.
+// basebackup then creates its data directory, dir/data unless the caller
+// sets c.data first.
 func newCluster(dir string, o pgOptions) (*pgCluster, error) {
-	if o.data == "" {
-		o.data = filepath.Join(dir, "data")
-	}
-	c := &pgCluster{dir: dir, data: o.data, logPath: filepath.Join(dir, "postgres.log"), opts: o}
+	c := &pgCluster{dir: dir, data: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "postgres.log"), opts: o}
 	c.how = "initdb and postgres as the current user"
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
@@ -175,9 +171,6 @@ func (c *pgCluster) start() error {
 		"-c", "fsync=off",
 		"-c", "full_page_writes=off",
 		"-c", "log_min_messages=warning",
-	}
-	for _, s := range c.opts.settings {
-		args = append(args, "-c", s)
 	}
 	cmd := c.command(pgBin("postgres"), args...)
 	// A process group of its own: kill9 kills the postmaster and all its
