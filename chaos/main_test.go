@@ -92,6 +92,13 @@ func runSuite(m *testing.M) (code int) {
 		return 1
 	}
 
+	// Network namespaces, veth pairs, nat chains and tmpfs mounts a
+	// killed suite left behind, then this suite's chain at the end.
+	if removed := cleanStale(); len(removed) > 0 {
+		fmt.Printf("chaos: removed what a killed suite left behind: %s\n", strings.Join(removed, ", "))
+	}
+	defer tearDownNet()
+
 	if suite.binary, err = buildBinary(dir); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 1
@@ -181,7 +188,9 @@ type summaryRow struct {
 	cross     int           // of dups: same-bytes copies sent to another partition
 	maxStop   time.Duration // slowest exit after SIGTERM
 	invalid   int
+	charges   int // created at the provider
 	faults    string
+	figures   string // the scenario's own measurements
 	double    int
 	lost      int
 	dlqRepark int
@@ -199,6 +208,9 @@ type summaryRow struct {
 	elapsed               time.Duration
 	passed                bool
 	skipped               string // why the scenario does not run on this broker
+	// cannot says why the scenario could not run on this machine under
+	// CI=true, where that fails it.
+	cannot string
 }
 
 func addRow(r summaryRow) {
@@ -221,11 +233,15 @@ func printSummary(w io.Writer) {
 		broker = "Apache Kafka, 3 nodes"
 	}
 	fmt.Fprintf(w, "\nchaos summary (%s; seed %d, total %s)\n", broker, suite.seed, time.Since(suite.started).Round(time.Second))
-	header := []string{"scenario", "seed", "messages", "valid", "dups (x-part)", "invalid", "double", "lost", "dlq re-park", "outcomes", "evicted", "slowest stop", "lag 0 after fault end (stream end)", "time", "result", "faults injected"}
+	header := []string{"scenario", "seed", "messages", "valid", "dups (x-part)", "invalid", "charges", "double", "lost", "dlq re-park", "outcomes", "evicted", "slowest stop", "lag 0 after fault end (stream end)", "time", "result", "faults injected", "figures"}
 	rows := [][]string{header}
 	for _, r := range suite.rows {
 		if r.skipped != "" {
-			rows = append(rows, []string{r.scenario, "", "", "", "", "", "", "", "", "", "", "", "", "", "SKIP", r.skipped})
+			rows = append(rows, []string{r.scenario, "", "", "", "", "", "", "", "", "", "", "", "", "", "", "SKIP", r.skipped, ""})
+			continue
+		}
+		if r.cannot != "" {
+			rows = append(rows, []string{r.scenario, "", "", "", "", "", "", "", "", "", "", "", "", "", "", "FAIL", "cannot run here (CI=true): " + r.cannot, ""})
 			continue
 		}
 		result := "PASS"
@@ -244,9 +260,9 @@ func printSummary(w io.Writer) {
 		}
 		rows = append(rows, []string{
 			r.scenario, strconv.FormatInt(r.seed, 10), strconv.Itoa(r.messages), strconv.Itoa(r.valid),
-			fmt.Sprintf("%d (%d)", r.dups, r.cross), strconv.Itoa(r.invalid), strconv.Itoa(r.double), strconv.Itoa(r.lost),
+			fmt.Sprintf("%d (%d)", r.dups, r.cross), strconv.Itoa(r.invalid), strconv.Itoa(r.charges), strconv.Itoa(r.double), strconv.Itoa(r.lost),
 			strconv.Itoa(r.dlqRepark), fmt.Sprintf("%d/%d", r.outcomes, r.settled), evicted, r.maxStop.Round(100 * time.Millisecond).String(),
-			recovery, r.elapsed.Round(time.Second).String(), result, r.faults,
+			recovery, r.elapsed.Round(time.Second).String(), result, r.faults, r.figures,
 		})
 	}
 	widths := make([]int, len(header))

@@ -43,6 +43,7 @@ func pgBin(name string) string {
 // directory is chowned to it.
 type pgCluster struct {
 	dir, data, logPath string
+	opts               pgOptions
 	port               int
 	how                string
 	cred               *syscall.Credential
@@ -52,8 +53,34 @@ type pgCluster struct {
 	exited   chan struct{}
 }
 
+// pgOptions are what a scenario's own cluster changes.
+type pgOptions struct {
+	// wal, when set, holds pg_wal outside the data directory (initdb -X),
+	// e.g. off a filesystem that fills up.
+	wal string
+}
+
+// startCluster creates a cluster in dir with initdb and starts it.
 func startCluster(dir string) (*pgCluster, error) {
-	c := &pgCluster{dir: dir, data: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "postgres.log")}
+	c, err := newCluster(dir, pgOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.initdb(); err != nil {
+		return nil, err
+	}
+	if err := c.start(); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// newCluster prepares a cluster's directory and port; initdb or
+// basebackup then creates its data directory, dir/data unless the caller
+// sets c.data first.
+func newCluster(dir string, o pgOptions) (*pgCluster, error) {
+	c := &pgCluster{dir: dir, data: filepath.Join(dir, "data"), logPath: filepath.Join(dir, "postgres.log"), opts: o}
 	c.how = "initdb and postgres as the current user"
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
@@ -68,24 +95,42 @@ func startCluster(dir string) (*pgCluster, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	if c.cred != nil {
-		if err := os.Chown(dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
-			return nil, err
-		}
+	if err := c.own(dir); err != nil {
+		return nil, err
 	}
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	c.port = port
-	if out, err := c.command(pgBin("initdb"), "-D", c.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
-	}
-	if err := c.start(); err != nil {
-		c.close()
-		return nil, err
-	}
 	return c, nil
+}
+
+// own gives path to the user PostgreSQL runs as.
+func (c *pgCluster) own(path string) error {
+	if c.cred == nil {
+		return nil
+	}
+	return os.Chown(path, int(c.cred.Uid), int(c.cred.Gid))
+}
+
+// initdb creates the data directory: superuser postgres, trust
+// authentication, and trust for the suite's network namespaces too (their
+// replicas connect from hostNet, see netHost).
+func (c *pgCluster) initdb() error {
+	args := []string{"-D", c.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"}
+	if c.opts.wal != "" {
+		args = append(args, "-X", c.opts.wal)
+	}
+	if out, err := c.command(pgBin("initdb"), args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	hba, err := os.OpenFile(filepath.Join(c.data, "pg_hba.conf"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(hba, "host all all %s trust # the chaos suite's network namespaces\n", hostNet)
+	return errors.Join(err, hba.Close())
 }
 
 // command runs a PostgreSQL binary, as user postgres when we are root.
@@ -114,7 +159,7 @@ func (c *pgCluster) start() error {
 		return err
 	}
 	defer logf.Close()
-	cmd := c.command(pgBin("postgres"), "-D", c.data,
+	args := []string{"-D", c.data,
 		"-p", strconv.Itoa(c.port),
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "unix_socket_directories=",
@@ -126,7 +171,11 @@ func (c *pgCluster) start() error {
 		"-c", "fsync=off",
 		"-c", "full_page_writes=off",
 		"-c", "log_min_messages=warning",
-	)
+	}
+	cmd := c.command(pgBin("postgres"), args...)
+	// A process group of its own: kill9 kills the postmaster and all its
+	// processes at once, as a crash of the machine does.
+	cmd.SysProcAttr.Setpgid = true
 	cmd.Stdout, cmd.Stderr = logf, logf
 	exited := make(chan struct{})
 	if err := startOnOwnThread(cmd, func(error) { close(exited) }); err != nil {
@@ -180,6 +229,32 @@ func (c *pgCluster) stop(mode string) error {
 		return errors.New("postmaster still running 30s after pg_ctl stop")
 	}
 	c.postgres = nil
+	return nil
+}
+
+// kill9 kills the postmaster and every process of the server with
+// SIGKILL, as a crash of its machine does: nothing is written, no
+// connection is closed properly.
+func (c *pgCluster) kill9() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.postgres == nil {
+		return errors.New("postgres is not running")
+	}
+	if err := syscall.Kill(-c.postgres.Process.Pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill -9 the server's process group: %w", err)
+	}
+	<-c.exited
+	c.postgres = nil
+	return nil
+}
+
+// promote ends a standby's recovery (pg_ctl promote) and waits until it
+// takes writes.
+func (c *pgCluster) promote() error {
+	if out, err := c.command(pgBin("pg_ctl"), "promote", "-D", c.data, "-w", "-t", "60").CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_ctl promote: %w\n%s", err, out)
+	}
 	return nil
 }
 

@@ -40,11 +40,19 @@ type proc struct {
 // its stdout and stderr appended to logPath. stdout, if not nil, also
 // receives the standard output.
 func startProc(name, logPath string, env map[string]string, stdout io.Writer, args ...string) (*proc, error) {
+	return startProcIn(nil, name, logPath, env, stdout, args...)
+}
+
+// startProcIn is startProc with the binary's command line prefixed by
+// wrap (a host's ip netns exec), nil for none. The wrapper must exec the
+// binary in place, so that the pid, signals and PDEATHSIG reach it.
+func startProcIn(wrap []string, name, logPath string, env map[string]string, stdout io.Writer, args ...string) (*proc, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(suite.binary, args...)
+	argv := append(append(append([]string(nil), wrap...), suite.binary), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
@@ -262,6 +270,23 @@ func (s *psp) stats() (pspStats, error) {
 	return st, err
 }
 
+// pspClient is what fakepsp's GET /_stats says of one client address.
+type pspClient struct {
+	Requests int64     `json:"requests"`
+	Last     time.Time `json:"last"`
+}
+
+// client returns what the provider saw of the client address ip (a host's
+// namespace address): the charge requests it sent, and when the last one
+// arrived. The zero value when it sent none.
+func (s *psp) client(ip string) (pspClient, error) {
+	var st struct {
+		Clients map[string]pspClient `json:"clients"`
+	}
+	err := s.getJSON("/_stats", &st)
+	return st.Clients[ip], err
+}
+
 func (s *psp) charges() ([]pspCharge, error) {
 	var list struct {
 		Data []pspCharge `json:"data"`
@@ -311,15 +336,23 @@ func (s *psp) setFaults(change func(map[string]any)) error {
 // consumer is one `billing serve` process of the consumer group.
 type consumer struct {
 	*proc
-	addr string // HTTP_ADDR
+	addr string   // HTTP_ADDR
+	host *netHost // the network namespace it runs in, nil on the machine
 }
 
 func (c *consumer) get(path string) int {
-	code, _, err := httpDo(http.MethodGet, "http://"+c.addr+path, nil)
-	if err != nil {
-		return 0
-	}
+	code, _ := c.getBody(path)
 	return code
+}
+
+// getBody returns the status and body of GET path; status 0 when nothing
+// answered within httpClient's timeout (5s).
+func (c *consumer) getBody(path string) (int, string) {
+	code, body, err := httpDo(http.MethodGet, "http://"+c.addr+path, nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	return code, string(body)
 }
 
 // healthzOK judges a /healthz answer: 200, or no answer from a process

@@ -49,6 +49,30 @@ type scenario struct {
 	// seconds sends a second, different event for every valid event's
 	// order, on another partition (see stream.seconds).
 	seconds bool
+	// needs says why the scenario cannot run on this machine (not root,
+	// no iptables), nil when it can. Such a scenario is skipped with that
+	// reason, and fails under CI=true, where nothing may be skipped for
+	// lack of tools.
+	needs func() error
+	// hosts: the serve processes of the first hosts slots each run in a
+	// network namespace of their own (netHost), the rest on the machine.
+	hosts int
+	// env is added to every serve's environment.
+	env map[string]string
+	// prepare runs once the hosts exist and before the database is
+	// created: infrastructure of the scenario's own (proxies, a PostgreSQL
+	// of its own in r.server), cleaned up with t.Cleanup.
+	prepare func(r *run) error
+	// check runs once the group caught up and the outbox is published,
+	// while the consumers still run (their /metrics, their logs).
+	check func(r *run)
+}
+
+// dbServer is a PostgreSQL server a run's database lives on: the suite's
+// cluster, or one of the scenario's own.
+type dbServer interface {
+	URL(name string) string
+	createDatabase(name string) error
 }
 
 // run is the state of one scenario.
@@ -65,8 +89,16 @@ type run struct {
 	probe  sarama.Client
 	dbName string
 	dsn    string
+	server dbServer // where the database is
 	psp    *psp
 	stream *stream
+	// hosts are the network namespaces of the first sc.hosts slots.
+	hosts map[int]*netHost
+	// The scenario's own infrastructure, set by its prepare.
+	proxies []*tcpProxy // latency proxies in front of the brokers
+	pair    *pgPair     // a primary and its standby
+	disk    *tmpfs      // the filesystem under the database
+	diskPG  *pgCluster  // the cluster on it
 
 	// The run's Kafka: its bootstrap addresses (KAFKA_BROKERS), topics and
 	// group. embedded is the kfake broker of a run on kfake, nil on Apache
@@ -88,6 +120,14 @@ type run struct {
 	extra     []*sent
 	stopTimes []time.Duration
 	zombies   int // kfake members evicted by reapZombies
+	// figures are what the scenario measured beyond the common columns
+	// (see figure).
+	figures []string
+	// faultStart is when the scenario's main fault began, for figures
+	// measured from it; committedAtEnd the group's committed messages when
+	// it ended, for the throughput after it.
+	faultStart     time.Time
+	committedAtEnd int64
 	// faultEnd is when the last injected fault was undone (see faultOver),
 	// published when the broker had acknowledged the whole stream, lagZero
 	// when the group's committed offsets were first seen at the end
@@ -109,6 +149,7 @@ func newRun(t *testing.T, sc scenario) *run {
 		consumers:  map[int]*consumer{},
 		starts:     map[int]int{},
 		faultCount: map[string]int{},
+		hosts:      map[int]*netHost{},
 	}
 	r.dir = filepath.Join(suite.dir, sc.name)
 	if err := os.MkdirAll(r.dir, 0o755); err != nil {
@@ -120,15 +161,36 @@ func newRun(t *testing.T, sc scenario) *run {
 		t.Fatal(err)
 	}
 
-	// A database of its own in the suite's cluster, migrated by the binary.
-	if err := suite.pg.ensureRunning(); err != nil {
-		t.Fatalf("PostgreSQL: %v", err)
+	// The hosts, removed after the processes in them were killed
+	// (t.Cleanup runs last-in first-out).
+	for slot := range sc.hosts {
+		h, err := newHost()
+		if err != nil {
+			t.Fatalf("network namespace: %v", err)
+		}
+		t.Cleanup(h.remove)
+		r.hosts[slot] = h
+		t.Logf("slot %d runs in network namespace %s (%s, veth %s/%s)", slot, h.ns, h.nsIP, h.hostIf, h.nsIf)
+	}
+	if sc.prepare != nil {
+		if err := sc.prepare(r); err != nil {
+			t.Fatalf("prepare: %v", err)
+		}
+	}
+
+	// A database of its own in the suite's cluster (or the scenario's
+	// server), migrated by the binary.
+	if r.server == nil {
+		if err := suite.pg.ensureRunning(); err != nil {
+			t.Fatalf("PostgreSQL: %v", err)
+		}
+		r.server = suite.pg
 	}
 	r.dbName = "chaos_" + strings.ReplaceAll(sc.name, "-", "_")
-	if err := suite.pg.createDatabase(r.dbName); err != nil {
+	if err := r.server.createDatabase(r.dbName); err != nil {
 		t.Fatalf("create database: %v", err)
 	}
-	r.dsn = suite.pg.URL(r.dbName)
+	r.dsn = r.server.URL(r.dbName)
 	mig, err := startProc("migrate", filepath.Join(r.dir, "migrate.log"), map[string]string{"DATABASE_URL": r.dsn}, nil, "migrate")
 	if err != nil {
 		t.Fatal(err)
@@ -219,6 +281,16 @@ func (r *run) recovery() (d time.Duration, ok bool) {
 	return max(r.lagZero.Sub(r.faultEnd), 0), true
 }
 
+// figure records one of the scenario's measurements: logged now, and
+// printed in its summary line and row.
+func (r *run) figure(format string, args ...any) {
+	f := fmt.Sprintf(format, args...)
+	r.mu.Lock()
+	r.figures = append(r.figures, f)
+	r.mu.Unlock()
+	r.t.Logf("[+%s] figure: %s", r.elapsed(), f)
+}
+
 // addFaults counts n faults of kind (hits of a broker fault, rejected
 // provider requests) without logging each.
 func (r *run) addFaults(kind string, n int) {
@@ -257,7 +329,7 @@ func (r *run) sleepUntil(d time.Duration) {
 // --- the consumer group's processes ---
 
 func (r *run) env(c *consumer) map[string]string {
-	return map[string]string{
+	env := map[string]string{
 		"KAFKA_BROKERS":       r.brokers,
 		"KAFKA_TOPIC":         r.topic,
 		"KAFKA_DLQ_TOPIC":     r.dlqTopic,
@@ -271,6 +343,10 @@ func (r *run) env(c *consumer) map[string]string {
 		"LOG_LEVEL":           "info",
 		"DRAIN_TIMEOUT":       drainTimeout.String(),
 	}
+	for k, v := range r.sc.env {
+		env[k] = v
+	}
+	return env
 }
 
 // startConsumer starts a serve process in a new slot.
@@ -295,13 +371,21 @@ func (r *run) startInSlot(slot int) *consumer {
 		r.t.Errorf("free port: %v", err)
 		return nil
 	}
-	c := &consumer{addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	// A serve in a host listens on the namespace's address, which the
+	// suite reaches over the veth pair.
+	host := r.hosts[slot]
+	ip := "127.0.0.1"
+	var wrap []string
+	if host != nil {
+		ip, wrap = host.nsIP, host.wrap()
+	}
+	c := &consumer{addr: fmt.Sprintf("%s:%d", ip, port), host: host}
 	name := fmt.Sprintf("serve-%d", slot)
 	if gen > 0 {
 		name = fmt.Sprintf("serve-%d.%d", slot, gen)
 	}
 	c.proc = &proc{name: name} // for env's client id
-	p, err := startProc(name, filepath.Join(r.dir, name+".log"), r.env(c), nil, "serve")
+	p, err := startProcIn(wrap, name, filepath.Join(r.dir, name+".log"), r.env(c), nil, "serve")
 	if err != nil {
 		r.t.Errorf("%v", err)
 		return nil
@@ -573,9 +657,12 @@ func runScenario(t *testing.T, sc scenario) {
 		row.zombies = r.zombies
 		r.mu.Unlock()
 		row.passed = !t.Failed()
+		r.mu.Lock()
+		row.figures = strings.Join(r.figures, "; ")
+		r.mu.Unlock()
 		addRow(row)
-		t.Logf("scenario %s: %d messages (%d valid, %d duplicates, %d invalid), faults: %s; double charges %d, lost events %d, DLQ re-parks %d; %s",
-			sc.name, row.messages, row.valid, row.dups, row.invalid, row.faults, row.double, row.lost, row.dlqRepark, row.elapsed.Round(100*time.Millisecond))
+		t.Logf("scenario %s: %d messages (%d valid, %d duplicates, %d invalid), %d provider charges, faults: %s; double charges %d, lost events %d, DLQ re-parks %d; %s; %s",
+			sc.name, row.messages, row.valid, row.dups, row.invalid, row.charges, row.faults, row.double, row.lost, row.dlqRepark, row.elapsed.Round(100*time.Millisecond), row.figures)
 	}()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -625,6 +712,9 @@ func runScenario(t *testing.T, sc scenario) {
 			row.afterStream.Round(100*time.Millisecond))
 	}
 	r.waitOutboxPublished(time.Minute)
+	if sc.check != nil {
+		sc.check(r)
+	}
 	r.stopAll()
 	r.mu.Lock()
 	for _, u := range r.unexpected {
@@ -642,6 +732,7 @@ func runScenario(t *testing.T, sc scenario) {
 	row.messages, row.valid, row.dups, row.invalid, row.cross = res.messages, res.valid, res.dups, res.invalid, res.cross
 	row.double, row.lost, row.dlqRepark = res.double, res.lost, res.dlqRepark
 	row.outcomes, row.settled = res.outcomes, res.settled
+	row.charges = res.charges
 }
 
 // waitOutboxPublished waits until the outbox relay of the running

@@ -86,7 +86,7 @@ type admission struct {
 func (s *Server) handleCreateCharge(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	req, reqErr := parseChargeRequest(w, r, key)
-	a := s.admit(key, r.Header.Get("Authorization"), req, reqErr)
+	a := s.admit(clientAddr(r), key, r.Header.Get("Authorization"), req, reqErr)
 
 	// The lock is free while sleeping; a claimed key stays in flight.
 	time.Sleep(a.latency)
@@ -111,6 +111,16 @@ func (s *Server) handleCreateCharge(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, ans.status, ans.body)
 }
 
+// clientAddr is the IP address of the request's connection, without its
+// port.
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr // not host:port (a test's handler call): as it is
+	}
+	return host
+}
+
 // parseChargeRequest reads and validates a charge request. It runs before the
 // lock is taken, so its error is only reported if admit finds no earlier
 // reason (down, unauthorized) to reject the request.
@@ -131,11 +141,16 @@ func parseChargeRequest(w http.ResponseWriter, r *http.Request, key string) (cha
 // admit counts the request and decides, in the order given in the package
 // documentation, everything that must be decided on arrival. When the
 // request is to create an outcome, admit claims its key.
-func (s *Server) admit(key, authorization string, req chargeRequest, reqErr error) admission {
+func (s *Server) admit(client, key, authorization string, req chargeRequest, reqErr error) admission {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
 	s.stats.Requests++
-	recent := s.arrived(time.Now())
+	c := s.clients[client]
+	c.Requests++
+	c.Last = now.UTC()
+	s.clients[client] = c
+	recent := s.arrived(now)
 	a := admission{latency: s.opts.Latency}
 	switch e, seen := s.keys[key]; {
 	case s.down:

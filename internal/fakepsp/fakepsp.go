@@ -37,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -135,6 +136,19 @@ type Stats struct {
 	PeakPerSecond int64 `json:"peakPerSecond"`
 }
 
+// ClientStats is what the server saw of one client address: the chaos
+// suite runs replicas in network namespaces of their own, each with its
+// own source address, and tells from these which replica still sends
+// charges (a replica cut off from the brokers must stop) without billing
+// knowing it is watched.
+type ClientStats struct {
+	// Requests counts the POST /v1/charges that arrived from the address,
+	// whatever their answer.
+	Requests int64 `json:"requests"`
+	// Last is when the last of them arrived.
+	Last time.Time `json:"last"`
+}
+
 // pcgStream is the second PCG parameter. Only Seed varies between runs; any
 // fixed value keeps them replayable.
 const pcgStream = 0x9e3779b97f4a7c15
@@ -154,6 +168,8 @@ type Server struct {
 	// Stats.OrdersChargedTwice.
 	chargesPerOrder map[int64]int
 	stats           Stats
+	// clients counts the requests per client IP address (ClientStats).
+	clients map[string]ClientStats
 	// lastSecond holds the arrival times of the requests of the last
 	// second, oldest first: the sliding window of RateLimit and
 	// Stats.PeakPerSecond.
@@ -166,6 +182,7 @@ func New(opts Options) *Server {
 		mux:             http.NewServeMux(),
 		keys:            make(map[string]entry),
 		chargesPerOrder: make(map[int64]int),
+		clients:         make(map[string]ClientStats),
 	}
 	s.SetOptions(opts)
 	s.mux.HandleFunc("POST /v1/charges", s.handleCreateCharge)
@@ -185,7 +202,7 @@ func New(opts Options) *Server {
 //	GET  /v1/charges   {"data":[Charge...]} in creation order, optionally
 //	                   limited to created_gte <= created < created_lt
 //	                   (RFC 3339 query parameters)
-//	GET  /_stats       Stats
+//	GET  /_stats       Stats, and "clients": Clients
 //	POST /_down        switch the provider down
 //	POST /_up          switch the provider up
 //	GET  /_faults      the current Options, without APIKey
@@ -234,6 +251,15 @@ func (s *Server) Stats() Stats {
 	return s.stats
 }
 
+// Clients returns what the server saw of each client IP address, keyed by
+// the address as text (the remote address of the connection, without its
+// port).
+func (s *Server) Clients() map[string]ClientStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.clients)
+}
+
 // Charges returns every charge created (succeeded only), in creation order.
 func (s *Server) Charges() []Charge {
 	s.mu.Lock()
@@ -251,7 +277,15 @@ func (s *Server) faults() Options {
 }
 
 func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, marshal(s.Stats()))
+	// Stats stays a comparable struct of counters; the clients sit beside
+	// its fields in the same JSON object.
+	s.mu.Lock()
+	body := struct {
+		Stats
+		Clients map[string]ClientStats `json:"clients"`
+	}{s.stats, maps.Clone(s.clients)}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, marshal(body))
 }
 
 func (s *Server) handleSetDown(down bool) http.HandlerFunc {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -874,4 +875,67 @@ func TestRateLimit(t *testing.T) {
 		t.Errorf("%d of 5 requests within a second limited, want 2", limited)
 	}
 	wantStats(t, psp, fakepsp.Stats{Requests: 5, DistinctKeys: 3, ChargesCreated: 3, RateLimited: 2, PeakPerSecond: 5})
+}
+
+// clientFrom returns an HTTP client whose connections leave from the local
+// address ip: Linux routes all of 127.0.0.0/8 to the loopback device, so
+// each address is a client of its own.
+func clientFrom(ip string) *http.Client {
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+}
+
+// Requests are counted per client address, whatever their answer, with the
+// arrival of the last one, in Clients and in GET /_stats: the chaos suite
+// tells from them which replica still charges.
+func TestClients_CountsRequestsPerClientAddress(t *testing.T) {
+	t.Parallel()
+	psp, ts := start(t, fakepsp.Options{})
+	send := func(ip, key, body string) int {
+		t.Helper()
+		req, err := newChargeRequest(t.Context(), ts.URL, key, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := do(clientFrom(ip), req)
+		if err != nil {
+			t.Fatalf("POST /v1/charges from %s: %v", ip, err)
+		}
+		return r.status
+	}
+	before := time.Now()
+	send("127.0.0.1", "key-1", validBody)
+	send("127.0.0.1", "key-1", validBody) // a replay counts too
+	psp.SetDown(true)
+	if got := send("127.0.0.2", "key-2", validBody); got != http.StatusServiceUnavailable {
+		t.Fatalf("status while down = %d, want 503", got)
+	}
+	psp.SetDown(false)
+	after := time.Now()
+
+	clients := psp.Clients()
+	if len(clients) != 2 || clients["127.0.0.1"].Requests != 2 || clients["127.0.0.2"].Requests != 1 {
+		t.Fatalf("clients = %+v, want 2 requests from 127.0.0.1 and 1 from 127.0.0.2", clients)
+	}
+	for ip, c := range clients {
+		if c.Last.Before(before) || c.Last.After(after) {
+			t.Errorf("%s: last request at %s, want within [%s, %s]", ip, c.Last, before, after)
+		}
+	}
+	if !clients["127.0.0.1"].Last.Before(clients["127.0.0.2"].Last) {
+		t.Errorf("last request of 127.0.0.1 (%s) is not before the one of 127.0.0.2 (%s)", clients["127.0.0.1"].Last, clients["127.0.0.2"].Last)
+	}
+
+	r := call(t, ts, http.MethodGet, "/_stats", "")
+	wantStatus(t, r, http.StatusOK)
+	got := decode[struct {
+		fakepsp.Stats
+		Clients map[string]fakepsp.ClientStats `json:"clients"`
+	}](t, r.body)
+	if got.Stats != psp.Stats() {
+		t.Errorf("GET /_stats counters = %+v, want %+v", got.Stats, psp.Stats())
+	}
+	if len(got.Clients) != 2 || got.Clients["127.0.0.2"].Requests != 1 || !got.Clients["127.0.0.2"].Last.Equal(clients["127.0.0.2"].Last) {
+		t.Errorf("GET /_stats clients = %+v, want %+v", got.Clients, clients)
+	}
 }
