@@ -132,6 +132,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 
 	// --- HTTP first, so that liveness answers while dependencies come up.
 	var consumer atomic.Pointer[kafka.Consumer]
+	var acls permissions
 	ready := server.Readiness{
 		SchemaVersion: func(ctx context.Context) (int64, error) { return postgres.SchemaVersion(ctx, db) },
 		Writable:      func(ctx context.Context) error { return postgres.CheckWritable(ctx, db) },
@@ -140,6 +141,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 			c := consumer.Load()
 			return c != nil && c.Ready()
 		},
+		MissingACLs: acls.Missing,
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -177,6 +179,14 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 		return ignoreStop(ctx, err)
 	}
 	defer client.Close()
+	// Every permission serve needs, before it takes anything: a missing
+	// one would otherwise show only at its first use (the first message
+	// to park, the first outcome to publish), after messages were taken.
+	need := kafka.ServeACLs(cfg.Kafka)
+	if err := awaitACLs(ctx, log, client, cfg.Kafka, need, &acls); err != nil {
+		return ignoreStop(ctx, err)
+	}
+	maintenance.Go(func() { watchACLs(ctx, log, client, cfg.Kafka, need, &acls) })
 	sizes, err := awaitKafka(ctx, log, brokers, "the topics' settings", func() (topicSizes, error) {
 		return checkTopics(client, cfg, m, log)
 	}, nil)

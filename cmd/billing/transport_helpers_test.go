@@ -33,9 +33,9 @@ func newPKI(t *testing.T) *kafkatest.PKI {
 // broker's credentials; the test's own client is built from the very same
 // variables through billing's config and kafka packages, so it
 // authenticates exactly as serve does.
-func newSecureHarness(t *testing.T, l apachekafka.Listener, mechanism string) *harness {
+func newSecureHarness(t *testing.T, l apachekafka.Listener, mechanism string, opts ...kafkatest.Option) *harness {
 	t.Helper()
-	h := &harness{t: t, broker: kafkatest.StartSecure(t, l, mechanism, 1)}
+	h := &harness{t: t, broker: kafkatest.StartSecure(t, l, mechanism, 1, opts...)}
 	h.client = secureClient(t, h.broker.Env())
 	h.db, h.dsn = dbtest.New(t)
 	h.psp = fakepsp.New(fakepsp.Options{Seed: 1})

@@ -111,14 +111,19 @@ func (d *Writer) Park(m *sarama.ConsumerMessage, reason string) (string, error) 
 			return ReasonCode(reason), nil
 		}
 		if !tooLarge(err) {
-			return "", fmt.Errorf("park %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, err)
+			return "", fmt.Errorf("park %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, d.denied(err))
 		}
 		// The estimate was short: the broker's answer is what counts.
 	}
 	if _, _, err := d.producer.SendMessage(d.reference(m, reason)); err != nil {
-		return "", fmt.Errorf("park a reference to %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, err)
+		return "", fmt.Errorf("park a reference to %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, d.denied(err))
 	}
 	return CodeOversize, nil
+}
+
+// denied names the ACL a refused write lacked.
+func (d *Writer) denied(err error) error {
+	return kafka.NameDenied(err, "Write on Topic "+d.topic, "")
 }
 
 // fits reports whether m, compressed, fits the dead-letter topic whole.

@@ -168,7 +168,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return err
 		}
 		wait := retry.NextBackOff()
-		c.log.Warn("consumer group session failed; joining again", "err", err, "retry_in", wait)
+		c.log.Warn("consumer group session failed; joining again", "err", NameDenied(err, "Read on Topic "+c.opts.Topic, "Read on Group "+c.opts.Group), "retry_in", wait)
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):

@@ -146,9 +146,12 @@ func Start(t testing.TB, partitions int32, opts ...Option) *Broker {
 // listener l; mechanism names the SASL mechanism. Creds hold what a client
 // must present. On an external cluster, whose credentials the tests do not
 // know, the test is skipped.
-func StartSecure(t testing.TB, l apachekafka.Listener, mechanism string, partitions int32) *Broker {
+func StartSecure(t testing.TB, l apachekafka.Listener, mechanism string, partitions int32, opts ...Option) *Broker {
 	t.Helper()
 	o := topics{partitions: partitions, configs: map[string]string{}, dlqConfig: map[string]string{}}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	kind, _ := Choose()
 	b := &Broker{Kind: kind}
 	b.name(t)
@@ -184,6 +187,37 @@ func StartSecure(t testing.TB, l apachekafka.Listener, mechanism string, partiti
 	}
 	b.createTopics(t, o)
 	return b
+}
+
+// Admin returns a cluster admin of b, closed when the test ends. On Apache
+// Kafka it connects to the plaintext listener, whose principal
+// (User:ANONYMOUS) is a super user: the test's own admin work, never
+// billing's.
+func (b *Broker) Admin(t testing.TB) sarama.ClusterAdmin {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(b.admin, config())
+	if err != nil {
+		t.Fatalf("kafka admin of %v: %v", b.admin, err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	return admin
+}
+
+// AddSCRAMUser creates a SCRAM user on b (Apache Kafka from StartSecure)
+// with a random password, and returns b's credentials for it. On a cluster
+// that authorizes requests it may do nothing until ACLs allow it.
+func (b *Broker) AddSCRAMUser(t testing.TB, name string) Creds {
+	t.Helper()
+	if b.Kind != Apache || b.Creds.Listener == apachekafka.Plaintext {
+		t.Fatalf("AddSCRAMUser needs a secured Apache Kafka broker (StartSecure); this one is %s", b.Kind)
+	}
+	password := "scram-" + randomHex(12)
+	if err := sharedApache(t).cluster.SetSCRAM(name, password); err != nil {
+		t.Fatal(err)
+	}
+	c := b.Creds
+	c.User, c.Password = name, password
+	return c
 }
 
 // name gives b a topic, dead-letter topic and group of the test's own.
@@ -396,8 +430,14 @@ func startApache() (*apacheCluster, error) {
 	c := &apacheCluster{dir: dir, pki: pki, user: "billing", password: "sasl-" + randomHex(8)}
 	c.cluster, err = apachekafka.Start(ctx, apachekafka.Options{
 		Nodes: 1, Dir: dir, Jars: jars,
+		// The authorizer is on, as on a production cluster: the tests'
+		// own users (SASL "billing", the client certificate's CN=billing)
+		// are super users like the plaintext listener's ANONYMOUS, and a
+		// test that wants a principal with exactly billing's ACLs makes
+		// one (AddSCRAMUser) and grants them.
 		Security: &apachekafka.Security{CAFile: pki.CAFile, CertFile: pki.ServerCertFile, KeyFile: pki.ServerKeyFile,
-			User: c.user, Password: c.password},
+			User: c.user, Password: c.password,
+			Authorizer: true, SuperUsers: []string{"User:" + c.user, "User:CN=billing"}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w (files in %s)", err, dir)
