@@ -20,12 +20,13 @@ import (
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/wait"
 )
 
-// The ACLs of docs/deployment.md (kafka.ServeACLs, ReplayACLs, ProduceACLs)
+// The ACLs of docs/deployment.md (kafkaacl.Serve, ReplayACLs, ProduceACLs)
 // are exactly what each command needs, on Apache Kafka with its authorizer
 // on and allow.everyone.if.no.acl.found=false: with them each command does
 // its whole job, over SASL_SSL with SCRAM-SHA-512 as a user that has
@@ -62,7 +63,7 @@ type aclFixture struct {
 
 // user creates a SCRAM user, grants it acls and returns its Kafka
 // environment and a client of its own for watching its permissions.
-func (a *aclFixture) user(t *testing.T, name string, acls []kafka.ACL) (map[string]string, sarama.Client) {
+func (a *aclFixture) user(t *testing.T, name string, acls []kafkaacl.ACL) (map[string]string, sarama.Client) {
 	t.Helper()
 	creds := a.h.broker.AddSCRAMUser(t, name+"-"+a.h.broker.Group[len(a.h.broker.Group)-6:])
 	env := a.h.broker.Env()
@@ -89,12 +90,12 @@ func (a *aclFixture) user(t *testing.T, name string, acls []kafka.ACL) (map[stri
 	return env, client
 }
 
-func aclBinding(user string, acl kafka.ACL) (sarama.Resource, sarama.Acl) {
+func aclBinding(user string, acl kafkaacl.ACL) (sarama.Resource, sarama.Acl) {
 	return sarama.Resource{ResourceType: acl.Resource, ResourceName: acl.Name, ResourcePatternType: acl.Pattern},
 		sarama.Acl{Principal: "User:" + user, Host: "*", Operation: acl.Operation, PermissionType: sarama.AclPermissionAllow}
 }
 
-func (a *aclFixture) grant(t *testing.T, user string, acl kafka.ACL) {
+func (a *aclFixture) grant(t *testing.T, user string, acl kafkaacl.ACL) {
 	t.Helper()
 	res, binding := aclBinding(user, acl)
 	if err := a.admin.CreateACL(res, binding); err != nil {
@@ -102,7 +103,7 @@ func (a *aclFixture) grant(t *testing.T, user string, acl kafka.ACL) {
 	}
 }
 
-func (a *aclFixture) revoke(t *testing.T, user string, acl kafka.ACL) {
+func (a *aclFixture) revoke(t *testing.T, user string, acl kafkaacl.ACL) {
 	t.Helper()
 	res, binding := aclBinding(user, acl)
 	deleted, err := a.admin.DeleteACL(sarama.AclFilter{ResourceType: res.ResourceType, ResourceName: &res.ResourceName,
@@ -115,22 +116,22 @@ func (a *aclFixture) revoke(t *testing.T, user string, acl kafka.ACL) {
 
 // revokeForTest revokes acl of user until the test ends, when it grants it
 // again, and waits each time until the broker applied it.
-func (a *aclFixture) revokeForTest(t *testing.T, user string, client sarama.Client, acls []kafka.ACL, acl kafka.ACL) {
+func (a *aclFixture) revokeForTest(t *testing.T, user string, client sarama.Client, acls []kafkaacl.ACL, acl kafkaacl.ACL) {
 	t.Helper()
 	a.revoke(t, user, acl)
 	t.Cleanup(func() {
 		a.grant(t, user, acl)
 		a.effective(t, client, acls, nil)
 	})
-	a.effective(t, client, acls, []kafka.ACL{acl})
+	a.effective(t, client, acls, []kafkaacl.ACL{acl})
 }
 
 // effective waits until the broker answers that the user lacks exactly
 // missing of acls: ACLs reach the authorizer a moment after the admin call.
-func (a *aclFixture) effective(t *testing.T, client sarama.Client, acls, missing []kafka.ACL) {
+func (a *aclFixture) effective(t *testing.T, client sarama.Client, acls, missing []kafkaacl.ACL) {
 	t.Helper()
 	wait.For(t, 10*time.Second, "the broker to apply the ACL change", func() bool {
-		got, err := kafka.MissingACLs(client, acls)
+		got, err := kafkaacl.Missing(client, acls)
 		return err == nil && slices.Equal(got, missing)
 	})
 }
@@ -144,7 +145,7 @@ func (a *aclFixture) serve(t *testing.T) {
 	if err := config.Load(h.broker.Env(), &k); err != nil {
 		t.Fatal(err)
 	}
-	acls := kafka.ServeACLs(k)
+	acls := kafkaacl.Serve(k)
 	userEnv, client := a.user(t, "billing", acls)
 	env := h.environWith(userEnv)
 
@@ -216,7 +217,7 @@ func (a *aclFixture) serve(t *testing.T) {
 			t.Fatalf("acls[3] is %s, not Write on the dead-letter topic", dlqWrite)
 		}
 		a.revoke(t, userOf(env), dlqWrite)
-		a.effective(t, client, acls, []kafka.ACL{dlqWrite})
+		a.effective(t, client, acls, []kafkaacl.ACL{dlqWrite})
 		end := kafkatest.EndOffsets(t, h.client, h.broker.Topic)[0]
 		h.publish(0, "bad-2", []byte("{not json"))
 		_, value := event(t, 20, 1000, "EUR")
@@ -248,8 +249,8 @@ func (a *aclFixture) replay(t *testing.T, big []byte) {
 	if err := config.Load(h.broker.Env(), &k); err != nil {
 		t.Fatal(err)
 	}
-	group := kafka.ReplayGroupPrefix(k)
-	acls := kafka.ReplayACLs(k, group)
+	group := kafkaacl.ReplayGroupPrefix(k)
+	acls := kafkaacl.Replay(k, group)
 	env, client := a.user(t, "billing-dlq-replay", acls)
 	topicEnd := kafkatest.EndOffsets(t, h.client, h.broker.Topic)
 
@@ -258,8 +259,8 @@ func (a *aclFixture) replay(t *testing.T, big []byte) {
 			a.revokeForTest(t, userOf(env), client, acls, acl)
 			var stdout, stderr bytes.Buffer
 			err := run(context.Background(), []string{"billing", "dlq", "replay"}, env, &stdout, &stderr)
-			var missing *kafka.MissingACLsError
-			if err == nil || !strings.Contains(err.Error(), acl.Explain()) || !errors.As(err, &missing) || !slices.Equal(missing.Missing, []kafka.ACL{acl}) {
+			var missing *kafkaacl.MissingError
+			if err == nil || !strings.Contains(err.Error(), acl.Explain()) || !errors.As(err, &missing) || !slices.Equal(missing.Missing, []kafkaacl.ACL{acl}) {
 				t.Fatalf("dlq replay without %s returned %v, want an error naming it alone", acl, err)
 			}
 			if got := kafkatest.EndOffsets(t, h.client, h.broker.Topic); !maps.Equal(got, topicEnd) {
@@ -297,7 +298,7 @@ func (a *aclFixture) produce(t *testing.T) {
 	if err := config.Load(h.broker.Env(), &k); err != nil {
 		t.Fatal(err)
 	}
-	acls := kafka.ProduceACLs(k)
+	acls := kafkaacl.Produce(k)
 	env, client := a.user(t, "billing-produce", acls)
 	end := kafkatest.EndOffsets(t, h.client, h.broker.Topic)[0]
 	args := []string{"billing", "produce", "--count", "3", "--first-order", "900"}
@@ -322,9 +323,9 @@ func (a *aclFixture) produce(t *testing.T) {
 }
 
 // callNeeding makes, as the user of client (with env's settings), the call
-// of billing that needs acl (see kafka.ServeACLs and ReplayACLs), with
+// of billing that needs acl (see kafkaacl.Serve and ReplayACLs), with
 // billing's own code where it has one, and returns its error.
-func callNeeding(t *testing.T, env map[string]string, client sarama.Client, acl kafka.ACL) error {
+func callNeeding(t *testing.T, env map[string]string, client sarama.Client, acl kafkaacl.ACL) error {
 	t.Helper()
 	var k config.Kafka
 	if err := config.Load(env, &k); err != nil {

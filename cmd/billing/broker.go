@@ -12,6 +12,7 @@ import (
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 )
 
 // connectKafka connects to the brokers, waiting while none answers, until
@@ -183,7 +184,7 @@ func (p *permissions) Missing() []string {
 }
 
 // set records the last check's answer and reports whether it changed.
-func (p *permissions) set(missing []kafka.ACL) bool {
+func (p *permissions) set(missing []kafkaacl.ACL) bool {
 	names := make([]string, len(missing))
 	for i, a := range missing {
 		names[i] = a.String()
@@ -206,13 +207,13 @@ const aclRecheck = 30 * time.Second
 // missing one and why serve needs it, until it has: nothing is consumed
 // before, so a missing ACL loses nothing and parks nothing. An ACL granted
 // meanwhile is picked up without a restart.
-func awaitACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k config.Kafka, acls []kafka.ACL, p *permissions) error {
+func awaitACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k config.Kafka, acls []kafkaacl.ACL, p *permissions) error {
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval = time.Second
 	retry.MaxInterval = aclRecheck
 	for {
-		missing, err := awaitKafka(ctx, log, k.Brokers, "the answer to which ACLs this client has", func() ([]kafka.ACL, error) {
-			return kafka.MissingACLs(client, acls)
+		missing, err := awaitKafka(ctx, log, k.Brokers, "the answer to which ACLs this client has", func() ([]kafkaacl.ACL, error) {
+			return kafkaacl.Missing(client, acls)
 		}, nil)
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -223,12 +224,12 @@ func awaitACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k co
 			log.Warn("cannot ask the brokers for this client's ACLs; retrying", "err", err, "retry_in", wait)
 		case len(missing) == 0:
 			p.set(nil)
-			log.Info("kafka ACLs: the client has every permission serve needs", "principal", kafka.Principal(k), "acls", len(acls))
+			log.Info("kafka ACLs: the client has every permission serve needs", "principal", kafkaacl.Principal(k), "acls", len(acls))
 			return nil
 		default:
 			p.set(missing)
 			log.Error("kafka ACLs missing: serve consumes nothing until they are granted (docs/deployment.md#kafka-acls)",
-				"principal", kafka.Principal(k), "missing", describeACLs(missing), "retry_in", wait)
+				"principal", kafkaacl.Principal(k), "missing", describeACLs(missing), "retry_in", wait)
 		}
 		select {
 		case <-ctx.Done():
@@ -240,7 +241,7 @@ func awaitACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k co
 
 // watchACLs asks again every aclRecheck until ctx ends, and says when a
 // permission went missing or came back.
-func watchACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k config.Kafka, acls []kafka.ACL, p *permissions) {
+func watchACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k config.Kafka, acls []kafkaacl.ACL, p *permissions) {
 	tick := time.NewTicker(aclRecheck)
 	defer tick.Stop()
 	for {
@@ -249,22 +250,22 @@ func watchACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k co
 			return
 		case <-tick.C:
 		}
-		missing, err := kafka.MissingACLs(client, acls)
+		missing, err := kafkaacl.Missing(client, acls)
 		switch {
 		case err != nil:
 			log.Debug("cannot ask the brokers for this client's ACLs", "err", err)
 		case !p.set(missing):
 		case len(missing) == 0:
-			log.Info("kafka ACLs: the client has every permission serve needs again", "principal", kafka.Principal(k))
+			log.Info("kafka ACLs: the client has every permission serve needs again", "principal", kafkaacl.Principal(k))
 		default:
 			log.Error("kafka ACLs missing: what needs them fails until they are granted (docs/deployment.md#kafka-acls)",
-				"principal", kafka.Principal(k), "missing", describeACLs(missing))
+				"principal", kafkaacl.Principal(k), "missing", describeACLs(missing))
 		}
 	}
 }
 
 // describeACLs names each ACL with the reason it is needed.
-func describeACLs(acls []kafka.ACL) []string {
+func describeACLs(acls []kafkaacl.ACL) []string {
 	out := make([]string, len(acls))
 	for i, a := range acls {
 		out[i] = a.Explain()

@@ -11,7 +11,7 @@ import (
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dlq"
-	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 )
 
 const dlqUsage = `Usage: billing dlq <command> [flags]
@@ -92,7 +92,7 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 		return err
 	}
 	if *group == "" {
-		*group = kafka.ReplayGroupPrefix(cfg.Kafka)
+		*group = kafkaacl.ReplayGroupPrefix(cfg.Kafka)
 		if *reason != "" {
 			*group += "-" + *reason
 		}

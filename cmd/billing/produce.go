@@ -14,6 +14,7 @@ import (
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/tracing"
 )
@@ -102,7 +103,7 @@ func produceCmd(ctx context.Context, args []string, environ map[string]string, s
 		return fmt.Errorf("produce: connect to %s: %w", strings.Join(k.Brokers, ","), err)
 	}
 	defer client.Close()
-	if err := kafka.RequireACLs(client, k, kafka.ProduceACLs(k)); err != nil {
+	if err := kafkaacl.Require(client, k, kafkaacl.Produce(k)); err != nil {
 		return fmt.Errorf("produce: %w", err)
 	}
 	producer, err := sarama.NewAsyncProducerFromClient(client)

@@ -22,6 +22,7 @@ import (
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
@@ -182,7 +183,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	// Every permission serve needs, before it takes anything: a missing
 	// one would otherwise show only at its first use (the first message
 	// to park, the first outcome to publish), after messages were taken.
-	need := kafka.ServeACLs(cfg.Kafka)
+	need := kafkaacl.Serve(cfg.Kafka)
 	if err := awaitACLs(ctx, log, client, cfg.Kafka, need, &acls); err != nil {
 		return ignoreStop(ctx, err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 )
 
 // Dead-letter headers: why a message was parked and where it came from.
@@ -123,7 +124,7 @@ func (d *Writer) Park(m *sarama.ConsumerMessage, reason string) (string, error) 
 
 // denied names the ACL a refused write lacked.
 func (d *Writer) denied(err error) error {
-	return kafka.NameDenied(err, "Write on Topic "+d.topic, "")
+	return kafkaacl.NameDenied(err, "Write on Topic "+d.topic, "")
 }
 
 // fits reports whether m, compressed, fits the dead-letter topic whole.

@@ -1,13 +1,14 @@
-package kafka
-
-// This file is what billing's commands need from a cluster that authorizes
-// every request (an authorizer with allow.everyone.if.no.acl.found=false):
-// the exact ACLs of each command, and a check that asks the brokers which of
-// them the client's principal lacks, so that a command says at start which
-// permission is missing instead of failing on first use, days later, when
-// the first invalid event has to be parked. docs/deployment.md, the Strimzi
-// KafkaUsers in deploy/strimzi and the ACL test of cmd/billing are all
-// checked against these lists.
+// Package kafkaacl is what billing's commands need from a Kafka cluster that
+// authorizes every request (an authorizer with
+// allow.everyone.if.no.acl.found=false): the exact ACLs of each command,
+// and a check that asks the brokers which of them the client's principal
+// lacks, so that a command says at start which permission is missing
+// instead of failing on first use, days later, when the first invalid event
+// has to be parked. docs/deployment.md, the Strimzi KafkaUsers of
+// deploy/strimzi and cmd/billing's ACL test are all checked against these
+// lists. It depends on sarama and the configuration alone, so that
+// deploy/check can read the lists without the rest of billing.
+package kafkaacl
 
 import (
 	"errors"
@@ -52,12 +53,12 @@ func literal(res sarama.AclResourceType, name string, op sarama.AclOperation, wh
 	return ACL{Resource: res, Pattern: sarama.AclPatternLiteral, Name: name, Instance: name, Operation: op, Why: why}
 }
 
-// ServeACLs are the permissions of `billing serve`. No cluster permission is
+// Serve are the permissions of `billing serve`. No cluster permission is
 // among them: its two producers are idempotent, and since Kafka 2.8
 // (KIP-679) Write on any topic allows InitProducerId, so IdempotentWrite on
 // the cluster is not needed; no transactional id is used. Describe on the
 // topics and the group is implied by Read and Write.
-func ServeACLs(k config.Kafka) []ACL {
+func Serve(k config.Kafka) []ACL {
 	topic, group := sarama.AclResourceTopic, sarama.AclResourceGroup
 	return []ACL{
 		literal(topic, k.Topic, sarama.AclOperationRead,
@@ -83,10 +84,10 @@ func ServeACLs(k config.Kafka) []ACL {
 // covers them all.
 func ReplayGroupPrefix(k config.Kafka) string { return k.GroupID + "-dlq-replay" }
 
-// ReplayACLs are the permissions of `billing dlq replay` when it tracks its
+// Replay are the permissions of `billing dlq replay` when it tracks its
 // progress in group: Prefixed on ReplayGroupPrefix for the default groups,
 // Literal for one given with --group outside it.
-func ReplayACLs(k config.Kafka, group string) []ACL {
+func Replay(k config.Kafka, group string) []ACL {
 	topic := sarama.AclResourceTopic
 	progress := literal(sarama.AclResourceGroup, group, sarama.AclOperationRead,
 		"join the replay's own consumer group and commit its progress (Describe, implied: its committed offsets)")
@@ -103,9 +104,9 @@ func ReplayACLs(k config.Kafka, group string) []ACL {
 	}
 }
 
-// ProduceACLs are the permissions of `billing produce`, the load generator
+// Produce are the permissions of `billing produce`, the load generator
 // for test environments.
-func ProduceACLs(k config.Kafka) []ACL {
+func Produce(k config.Kafka) []ACL {
 	return []ACL{literal(sarama.AclResourceTopic, k.Topic, sarama.AclOperationWrite, "publish order events (idempotent producer)")}
 }
 
@@ -122,14 +123,14 @@ func Principal(k config.Kafka) string {
 	return "User:ANONYMOUS"
 }
 
-// MissingACLs asks the brokers which of acls the client's principal does not
+// Missing asks the brokers which of acls the client's principal does not
 // have, and returns them in the order given. It uses the authorized
 // operations brokers report since Kafka 2.3 (KIP-430) for topics (in
 // metadata) and groups (DescribeGroups), without touching either; a broker
 // that reports none (older, or without an authorizer) is taken at its word
 // that everything is allowed. A topic that does not exist is not a missing
 // permission: the callers already wait for it or report it.
-func MissingACLs(client sarama.Client, acls []ACL) ([]ACL, error) {
+func Missing(client sarama.Client, acls []ACL) ([]ACL, error) {
 	ops := map[string]int32{} // "<type>/<instance>" → authorized operations
 	var topics, groups []string
 	for _, a := range acls {
@@ -185,21 +186,27 @@ func mayDescribeConfigs(client sarama.Client, topic string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("kafka permissions: %w", err)
 	}
-	_, err = DescribeTopic(admin, topic)
-	if errors.Is(err, sarama.ErrTopicAuthorizationFailed) {
-		return false, nil
+	results, err := admin.DescribeConfigs([]*sarama.ConfigResource{{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"retention.ms"}}},
+		sarama.DescribeConfigsOptions{})
+	if err != nil {
+		return false, fmt.Errorf("kafka permissions: describe topic %s: %w", topic, err)
+	}
+	for _, r := range results {
+		if r.Name == topic && errors.Is(r.ErrorCode, sarama.ErrTopicAuthorizationFailed) {
+			return false, nil
+		}
 	}
 	// Another refusal (the topic does not exist) is not a permission's.
 	return true, nil
 }
 
-// MissingACLsError names the permissions a principal lacks.
-type MissingACLsError struct {
+// MissingError names the permissions a principal lacks.
+type MissingError struct {
 	Principal string
 	Missing   []ACL
 }
 
-func (e *MissingACLsError) Error() string {
+func (e *MissingError) Error() string {
 	why := make([]string, len(e.Missing))
 	for i, a := range e.Missing {
 		why[i] = a.Explain()
@@ -207,16 +214,16 @@ func (e *MissingACLsError) Error() string {
 	return fmt.Sprintf("kafka ACLs missing for %s (docs/deployment.md#kafka-acls): %s", e.Principal, strings.Join(why, "; "))
 }
 
-// RequireACLs returns a *MissingACLsError naming every permission of acls
+// Require returns a *MissingError naming every permission of acls
 // that the client's principal (configured by k) lacks, nil when it has
 // them all: for the one-shot commands, which stop at once rather than wait.
-func RequireACLs(client sarama.Client, k config.Kafka, acls []ACL) error {
-	missing, err := MissingACLs(client, acls)
+func Require(client sarama.Client, k config.Kafka, acls []ACL) error {
+	missing, err := Missing(client, acls)
 	if err != nil {
 		return err
 	}
 	if len(missing) > 0 {
-		return &MissingACLsError{Principal: Principal(k), Missing: missing}
+		return &MissingError{Principal: Principal(k), Missing: missing}
 	}
 	return nil
 }

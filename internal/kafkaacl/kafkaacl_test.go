@@ -1,4 +1,4 @@
-package kafka_test
+package kafkaacl_test
 
 import (
 	"maps"
@@ -11,15 +11,20 @@ import (
 	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/wait"
 )
 
-// MissingACLs tells, for a principal of an authorizing cluster, exactly the
+// TestMain stops the Apache Kafka cluster the tests shared, if they
+// started one (see kafkatest.Start).
+func TestMain(m *testing.M) { kafkatest.Main(m) }
+
+// Missing tells, for a principal of an authorizing cluster, exactly the
 // permissions of a list it lacks: all of them for a user without any ACL,
 // then one fewer for every ACL granted, none at the end. It names a group
 // nobody has joined yet, as serve's group is before its first start.
-func TestMissingACLs_NamesWhatThePrincipalLacks(t *testing.T) {
+func TestMissing_NamesWhatThePrincipalLacks(t *testing.T) {
 	b := kafkatest.StartSecure(t, apachekafka.SASLOverTLS, "SCRAM-SHA-512", 1)
 	if b.Kind != kafkatest.Apache {
 		t.Skipf("on %s nothing authorizes requests: every ACL is there", b.Kind)
@@ -31,14 +36,14 @@ func TestMissingACLs_NamesWhatThePrincipalLacks(t *testing.T) {
 	if err := config.Load(env, &k); err != nil {
 		t.Fatal(err)
 	}
-	acls := kafka.ServeACLs(k)
+	acls := kafkaacl.Serve(k)
 	admin := b.Admin(t)
 
 	client := clientOf(t, k)
 	missing := func() []string {
-		m, err := kafka.MissingACLs(client, acls)
+		m, err := kafkaacl.Missing(client, acls)
 		if err != nil {
-			t.Fatalf("MissingACLs: %v", err)
+			t.Fatalf("Missing: %v", err)
 		}
 		var names []string
 		for _, a := range m {
