@@ -16,12 +16,13 @@ import (
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/testpki"
 )
 
 // newPKI is a throwaway certificate authority of the test's own.
-func newPKI(t *testing.T) *kafkatest.PKI {
+func newPKI(t *testing.T) *testpki.PKI {
 	t.Helper()
-	p, err := kafkatest.NewPKI(t.TempDir())
+	p, err := testpki.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/testpki"
 )
 
 // Kinds of broker a test can run against, chosen by KAFKA_TEST_BROKER.
@@ -157,7 +158,7 @@ func StartSecure(t testing.TB, l apachekafka.Listener, mechanism string, partiti
 	b.name(t)
 	switch kind {
 	case Kfake:
-		pki, err := NewPKI(t.TempDir())
+		pki, err := testpki.New(t.TempDir())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -384,7 +385,7 @@ var fallbackOnce sync.Once
 type apacheCluster struct {
 	cluster        *apachekafka.Cluster
 	dir            string
-	pki            *PKI
+	pki            *testpki.PKI
 	user, password string
 }
 
@@ -423,7 +424,7 @@ func startApache() (*apacheCluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	pki, err := NewPKI(dir)
+	pki, err := testpki.New(dir)
 	if err != nil {
 		return nil, err
 	}
