@@ -90,25 +90,19 @@ func (a *aclFixture) user(t *testing.T, name string, acls []kafkaacl.ACL) (map[s
 	return env, client
 }
 
-func aclBinding(user string, acl kafkaacl.ACL) (sarama.Resource, sarama.Acl) {
-	return sarama.Resource{ResourceType: acl.Resource, ResourceName: acl.Name, ResourcePatternType: acl.Pattern},
-		sarama.Acl{Principal: "User:" + user, Host: "*", Operation: acl.Operation, PermissionType: sarama.AclPermissionAllow}
-}
-
 func (a *aclFixture) grant(t *testing.T, user string, acl kafkaacl.ACL) {
 	t.Helper()
-	res, binding := aclBinding(user, acl)
-	if err := a.admin.CreateACL(res, binding); err != nil {
-		t.Fatalf("grant %s: %v", acl, err)
+	if err := kafkatest.Grant(a.admin, "User:"+user, acl); err != nil {
+		t.Fatal(err)
 	}
 }
 
 func (a *aclFixture) revoke(t *testing.T, user string, acl kafkaacl.ACL) {
 	t.Helper()
-	res, binding := aclBinding(user, acl)
-	deleted, err := a.admin.DeleteACL(sarama.AclFilter{ResourceType: res.ResourceType, ResourceName: &res.ResourceName,
-		ResourcePatternTypeFilter: res.ResourcePatternType, Principal: &binding.Principal, Host: &binding.Host,
-		Operation: binding.Operation, PermissionType: binding.PermissionType}, false)
+	principal, host := "User:"+user, "*"
+	deleted, err := a.admin.DeleteACL(sarama.AclFilter{ResourceType: acl.Resource, ResourceName: &acl.Name,
+		ResourcePatternTypeFilter: acl.Pattern, Principal: &principal, Host: &host,
+		Operation: acl.Operation, PermissionType: sarama.AclPermissionAllow}, false)
 	if err != nil || len(deleted) != 1 {
 		t.Fatalf("revoke %s: %d deleted, %v", acl, len(deleted), err)
 	}

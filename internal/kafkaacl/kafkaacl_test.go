@@ -59,9 +59,7 @@ func TestMissing_NamesWhatThePrincipalLacks(t *testing.T) {
 		t.Fatalf("a user without ACLs misses %q, want all of %q", got, want)
 	}
 	for i, a := range acls {
-		err := admin.CreateACL(sarama.Resource{ResourceType: a.Resource, ResourceName: a.Name, ResourcePatternType: a.Pattern},
-			sarama.Acl{Principal: "User:" + creds.User, Host: "*", Operation: a.Operation, PermissionType: sarama.AclPermissionAllow})
-		if err != nil {
+		if err := kafkatest.Grant(admin, "User:"+creds.User, a); err != nil {
 			t.Fatal(err)
 		}
 		// An ACL reaches the brokers' authorizers through the metadata

@@ -17,6 +17,7 @@ import (
 
 	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/testpki"
 )
 
@@ -462,4 +463,21 @@ func Main(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// Grant allows principal acls, from any host, with the admin API (an
+// admin of b's plaintext listener, as Admin returns). ACLs reach the
+// brokers' authorizers a moment after it returns.
+func Grant(admin sarama.ClusterAdmin, principal string, acls ...kafkaacl.ACL) error {
+	var bindings []*sarama.ResourceAcls
+	for _, a := range acls {
+		bindings = append(bindings, &sarama.ResourceAcls{
+			Resource: sarama.Resource{ResourceType: a.Resource, ResourceName: a.Name, ResourcePatternType: a.Pattern},
+			Acls:     []*sarama.Acl{{Principal: principal, Host: "*", Operation: a.Operation, PermissionType: sarama.AclPermissionAllow}},
+		})
+	}
+	if err := admin.CreateACLs(bindings); err != nil {
+		return fmt.Errorf("grant %s its ACLs: %w", principal, err)
+	}
+	return nil
 }
