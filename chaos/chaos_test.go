@@ -44,6 +44,8 @@ var scenarios = []scenario{
 	{name: "oversize", consumers: 3, count: 3000, rate: 200, latency: 5 * time.Millisecond, inject: injectOversize},
 	{name: "stuck-key", consumers: 3, count: 6000, rate: 300, latency: 5 * time.Millisecond, inject: injectStuckKeys},
 	{name: "combined", consumers: 3, count: 5000, rate: 200, latency: 5 * time.Millisecond, inject: injectCombined},
+	{name: "secured-cluster", consumers: 3, count: 4000, rate: 200, latency: 5 * time.Millisecond, inject: injectSecuredLeaderKill, secured: true,
+		only: brokerApache, why: "apache only: the least-privilege users need Apache Kafka's authorizer, and the fault is a partition leader's kill"},
 }
 
 func TestChaos(t *testing.T) {

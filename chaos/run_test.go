@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -49,6 +50,9 @@ type scenario struct {
 	// seconds sends a second, different event for every valid event's
 	// order, on another partition (see stream.seconds).
 	seconds bool
+	// secured runs serve as least-privilege users, over SASL_SSL and
+	// verified TLS to PostgreSQL (see secureRun).
+	secured bool
 }
 
 // run is the state of one scenario.
@@ -93,6 +97,8 @@ type run struct {
 	// when the group's committed offsets were first seen at the end
 	// offsets after that.
 	faultEnd, published, lagZero time.Time
+	// secured is the run's users and secrets when sc.secured.
+	secured *securedRun
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one
@@ -129,7 +135,15 @@ func newRun(t *testing.T, sc scenario) *run {
 		t.Fatalf("create database: %v", err)
 	}
 	r.dsn = suite.pg.URL(r.dbName)
-	mig, err := startProc("migrate", filepath.Join(r.dir, "migrate.log"), map[string]string{"DATABASE_URL": r.dsn}, nil, "migrate")
+	migrateURL := r.dsn
+	if sc.secured {
+		secured, err := r.secure()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.secured, migrateURL = secured, secured.ownerURL
+	}
+	mig, err := startProc("migrate", filepath.Join(r.dir, "migrate.log"), map[string]string{"DATABASE_URL": migrateURL}, nil, "migrate")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +271,7 @@ func (r *run) sleepUntil(d time.Duration) {
 // --- the consumer group's processes ---
 
 func (r *run) env(c *consumer) map[string]string {
-	return map[string]string{
+	env := map[string]string{
 		"KAFKA_BROKERS":       r.brokers,
 		"KAFKA_TOPIC":         r.topic,
 		"KAFKA_DLQ_TOPIC":     r.dlqTopic,
@@ -271,6 +285,10 @@ func (r *run) env(c *consumer) map[string]string {
 		"LOG_LEVEL":           "info",
 		"DRAIN_TIMEOUT":       drainTimeout.String(),
 	}
+	if r.secured != nil {
+		maps.Copy(env, r.secured.serveEnv)
+	}
+	return env
 }
 
 // startConsumer starts a serve process in a new slot.
@@ -639,6 +657,9 @@ func runScenario(t *testing.T, sc scenario) {
 
 	row.maxStop = maxStop
 	res := r.verify()
+	if r.secured != nil {
+		r.checkNoSecrets()
+	}
 	row.messages, row.valid, row.dups, row.invalid, row.cross = res.messages, res.valid, res.dups, res.invalid, res.cross
 	row.double, row.lost, row.dlqRepark = res.double, res.lost, res.dlqRepark
 	row.outcomes, row.settled = res.outcomes, res.settled
