@@ -221,6 +221,10 @@ func awaitACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k co
 		wait := retry.NextBackOff()
 		switch {
 		case err != nil:
+			// A broker away (a restart, a coordinator moving): ask again
+			// soon, as the consumer joins again, not after a backoff grown
+			// while waiting for an ACL.
+			wait = min(wait, 2*time.Second)
 			log.Warn("cannot ask the brokers for this client's ACLs; retrying", "err", err, "retry_in", wait)
 		case len(missing) == 0:
 			p.set(nil)

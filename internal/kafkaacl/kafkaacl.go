@@ -255,11 +255,7 @@ func topicOperations(client sarama.Client, topics []string, ops map[string]int32
 		return refused, nil // KAFKA_VERSION older than 2.3: the broker would not say
 	}
 	req.IncludeTopicAuthorizedOperations = true
-	b := client.LeastLoadedBroker()
-	if b == nil {
-		return nil, errors.New("kafka permissions: no broker to ask")
-	}
-	resp, err := b.GetMetadata(req)
+	resp, err := askAnyBroker(client, req)
 	if err != nil {
 		return nil, fmt.Errorf("kafka permissions: metadata of %s: %w", strings.Join(topics, ", "), err)
 	}
@@ -273,6 +269,31 @@ func topicOperations(client sarama.Client, topics []string, ops map[string]int32
 		}
 	}
 	return refused, nil
+}
+
+// askAnyBroker sends req to the brokers the client knows, one after the
+// other, each on a connection of its own (so that a broker that fails does
+// not disturb the connections the client's consumers and producers share),
+// and returns the first answer.
+func askAnyBroker(client sarama.Client, req *sarama.MetadataRequest) (*sarama.MetadataResponse, error) {
+	var errs []error
+	for _, known := range client.Brokers() {
+		b := sarama.NewBroker(known.Addr())
+		if err := b.Open(client.Config()); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		resp, err := b.GetMetadata(req)
+		_ = b.Close()
+		if err == nil {
+			return resp, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", known.Addr(), err))
+	}
+	if len(errs) == 0 {
+		return nil, errors.New("no broker known")
+	}
+	return nil, errors.Join(errs...)
 }
 
 // groupOperations returns the principal's authorized operations on group:
