@@ -58,7 +58,9 @@ GRANT SELECT, INSERT, UPDATE ON consumer_position TO billing_runtime;
 GRANT SELECT ON goose_db_version TO billing_runtime;
 
 -- ensure_day_partition, as migration 5 made it, but run as its owner (the
--- tables' owner), for processed_event and outbox alone, with every name
+-- tables' owner: run billing migrate as the owner, not as a superuser),
+-- for billing's permanent processed_event and outbox alone (a caller's
+-- temporary table of that name is refused), with every name
 -- qualified and search_path fixed, so that a caller's objects cannot stand
 -- in for the catalog's (pg_temp last: searched first otherwise). A day of
 -- processed_event that retention dropped is never created again: its
@@ -76,7 +78,7 @@ DECLARE
 BEGIN
     SELECT n.nspname, c.relname INTO nsp, rel
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    WHERE c.oid = parent AND c.relkind = 'p' AND c.relname IN ('processed_event', 'outbox')
+    WHERE c.oid = parent AND c.relkind = 'p' AND c.relpersistence = 'p' AND c.relname IN ('processed_event', 'outbox')
       AND pg_has_role(c.relowner, 'USAGE');
     IF NOT FOUND THEN
         RAISE EXCEPTION 'ensure_day_partition: % is not a day-partitioned table of billing''s', parent

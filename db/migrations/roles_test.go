@@ -114,6 +114,9 @@ func TestRuntimeRole_CannotDropTruncateOrCreate(t *testing.T) {
 		`UPDATE processed_event_horizon SET dropped_before = '2999-01-01'`,
 		`CREATE TABLE mine (id int)`,
 		`SELECT ensure_day_partition('charge'::regclass, current_date)`,
+		// A stand-in of the caller's own, where the function would act as
+		// the owner.
+		`CREATE TEMP TABLE outbox (event_id uuid) PARTITION BY RANGE (event_id); SELECT ensure_day_partition('pg_temp.outbox'::regclass, current_date)`,
 	}
 	for _, q := range denied {
 		_, err := app.ExecContext(ctx, q)
