@@ -58,6 +58,8 @@ var scenarios = []scenario{
 	{name: "pg-failover-async", consumers: 2, count: 3000, rate: 100, latency: 5 * time.Millisecond, prepare: preparePair(false), inject: injectFailover, check: checkFailover},
 	{name: "pg-disk-full", consumers: 2, count: 3000, rate: 100, latency: 5 * time.Millisecond, prepare: prepareDiskFull, inject: injectDiskFull,
 		check: checkDiskFull, needs: tmpfsAvailable},
+	{name: "secured-cluster", consumers: 3, count: 4000, rate: 200, latency: 5 * time.Millisecond, inject: injectSecuredLeaderKill, secured: true,
+		only: brokerApache, why: "apache only: the least-privilege users need Apache Kafka's authorizer, and the fault is a partition leader's kill"},
 }
 
 func TestChaos(t *testing.T) {

@@ -64,7 +64,16 @@ func startApache(dir string) (*apachekafka.Cluster, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	return apachekafka.Start(ctx, apachekafka.Options{Nodes: 3, Dir: dir, Jars: jars})
+	// Beside the plaintext listener every scenario uses, a SASL_SSL one
+	// (and the others of apachekafka.Security) with the authorizer on, for
+	// secured-cluster's least-privilege users: one cluster, not a second
+	// one of three more JVMs. The plaintext principal, User:ANONYMOUS, is
+	// a super user: the other scenarios, the suite's producer and checks
+	// and the nodes themselves are unaffected (a test-only convenience; a
+	// production cluster has no unauthenticated listener).
+	return apachekafka.Start(ctx, apachekafka.Options{Nodes: 3, Dir: dir, Jars: jars,
+		Security: &apachekafka.Security{CAFile: suite.pki.CAFile, CertFile: suite.pki.ServerCertFile, KeyFile: suite.pki.ServerKeyFile,
+			Authorizer: true}})
 }
 
 // setUpKafka gives the run its broker, topics and group: on kfake a fresh

@@ -29,6 +29,7 @@ import (
 	"unicode/utf8"
 
 	"example.com/billing/internal/apachekafka"
+	"example.com/billing/internal/testpki"
 )
 
 var (
@@ -47,6 +48,10 @@ var suite struct {
 	// cluster (nil on kfake, where each scenario starts its own broker).
 	broker string
 	kafka  *apachekafka.Cluster
+	// pki is the suite's test CA: the Apache Kafka nodes' certificate for
+	// their secured listeners, and the PostgreSQL cluster's for
+	// secured-cluster.
+	pki *testpki.PKI
 
 	mu      sync.Mutex
 	rows    []summaryRow
@@ -99,6 +104,10 @@ func runSuite(m *testing.M) (code int) {
 	}
 	defer tearDownNet()
 
+	if suite.pki, err = testpki.New(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 1
+	}
 	if suite.binary, err = buildBinary(dir); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 1

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -66,6 +67,9 @@ type scenario struct {
 	// check runs once the group caught up and the outbox is published,
 	// while the consumers still run (their /metrics, their logs).
 	check func(r *run)
+	// secured runs serve as least-privilege users, over SASL_SSL and
+	// verified TLS to PostgreSQL (see secureRun).
+	secured bool
 }
 
 // dbServer is a PostgreSQL server a run's database lives on: the suite's
@@ -133,6 +137,8 @@ type run struct {
 	// when the group's committed offsets were first seen at the end
 	// offsets after that.
 	faultEnd, published, lagZero time.Time
+	// secured is the run's users and secrets when sc.secured.
+	secured *securedRun
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one
@@ -191,7 +197,15 @@ func newRun(t *testing.T, sc scenario) *run {
 		t.Fatalf("create database: %v", err)
 	}
 	r.dsn = r.server.URL(r.dbName)
-	mig, err := startProc("migrate", filepath.Join(r.dir, "migrate.log"), map[string]string{"DATABASE_URL": r.dsn}, nil, "migrate")
+	migrateURL := r.dsn
+	if sc.secured {
+		secured, err := r.secure()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.secured, migrateURL = secured, secured.ownerURL
+	}
+	mig, err := startProc("migrate", filepath.Join(r.dir, "migrate.log"), map[string]string{"DATABASE_URL": migrateURL}, nil, "migrate")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,6 +359,9 @@ func (r *run) env(c *consumer) map[string]string {
 	}
 	for k, v := range r.sc.env {
 		env[k] = v
+	}
+	if r.secured != nil {
+		maps.Copy(env, r.secured.serveEnv)
 	}
 	return env
 }
@@ -729,6 +746,9 @@ func runScenario(t *testing.T, sc scenario) {
 
 	row.maxStop = maxStop
 	res := r.verify()
+	if r.secured != nil {
+		r.checkNoSecrets()
+	}
 	row.messages, row.valid, row.dups, row.invalid, row.cross = res.messages, res.valid, res.dups, res.invalid, res.cross
 	row.double, row.lost, row.dlqRepark = res.double, res.lost, res.dlqRepark
 	row.outcomes, row.settled = res.outcomes, res.settled

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -11,6 +12,7 @@ import (
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 )
 
 // connectKafka connects to the brokers, waiting while none answers, until
@@ -165,4 +167,112 @@ func logStart(client sarama.Client, k config.Kafka, log *slog.Logger) {
 		log.Info("consumer group resumes from its committed offsets; partitions without one start from their oldest offset",
 			"group", k.GroupID, "topic", k.Topic, "from_oldest", fresh, "messages", reprocess)
 	}
+}
+
+// permissions is what serve knows of its principal's Kafka permissions: the
+// ones it lacks, for /readyz.
+type permissions struct {
+	mu      sync.Mutex
+	missing []string
+}
+
+// Missing names the permissions found missing by the last check.
+func (p *permissions) Missing() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.missing)
+}
+
+// set records the last check's answer and reports whether it changed.
+func (p *permissions) set(missing []kafkaacl.ACL) bool {
+	names := make([]string, len(missing))
+	for i, a := range missing {
+		names[i] = a.String()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed := !slices.Equal(names, p.missing)
+	p.missing = names
+	return changed
+}
+
+// aclRecheck is how often serve asks again, once running, whether its
+// principal still has every permission: an ACL removed under a running
+// service makes it unready within this, rather than at the first message
+// that needs it.
+const aclRecheck = 30 * time.Second
+
+// awaitACLs asks the brokers whether serve's principal has every
+// permission in acls, and waits, with backoff and an error log naming each
+// missing one and why serve needs it, until it has: nothing is consumed
+// before, so a missing ACL loses nothing and parks nothing. An ACL granted
+// meanwhile is picked up without a restart.
+func awaitACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k config.Kafka, acls []kafkaacl.ACL, p *permissions) error {
+	retry := backoff.NewExponentialBackOff()
+	retry.InitialInterval = time.Second
+	retry.MaxInterval = aclRecheck
+	for {
+		missing, err := awaitKafka(ctx, log, k.Brokers, "the answer to which ACLs this client has", func() ([]kafkaacl.ACL, error) {
+			return kafkaacl.Missing(client, acls)
+		}, nil)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wait := retry.NextBackOff()
+		switch {
+		case err != nil:
+			// A broker away (a restart, a coordinator moving): ask again
+			// soon, as the consumer joins again, not after a backoff grown
+			// while waiting for an ACL.
+			wait = min(wait, 2*time.Second)
+			log.Warn("cannot ask the brokers for this client's ACLs; retrying", "err", err, "retry_in", wait)
+		case len(missing) == 0:
+			p.set(nil)
+			log.Info("kafka ACLs: the client has every permission serve needs", "principal", kafkaacl.Principal(k), "acls", len(acls))
+			return nil
+		default:
+			p.set(missing)
+			log.Error("kafka ACLs missing: serve consumes nothing until they are granted (docs/deployment.md#kafka-acls)",
+				"principal", kafkaacl.Principal(k), "missing", describeACLs(missing), "retry_in", wait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// watchACLs asks again every aclRecheck until ctx ends, and says when a
+// permission went missing or came back.
+func watchACLs(ctx context.Context, log *slog.Logger, client sarama.Client, k config.Kafka, acls []kafkaacl.ACL, p *permissions) {
+	tick := time.NewTicker(aclRecheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		missing, err := kafkaacl.Missing(client, acls)
+		switch {
+		case err != nil:
+			log.Debug("cannot ask the brokers for this client's ACLs", "err", err)
+		case !p.set(missing):
+		case len(missing) == 0:
+			log.Info("kafka ACLs: the client has every permission serve needs again", "principal", kafkaacl.Principal(k))
+		default:
+			log.Error("kafka ACLs missing: what needs them fails until they are granted (docs/deployment.md#kafka-acls)",
+				"principal", kafkaacl.Principal(k), "missing", describeACLs(missing))
+		}
+	}
+}
+
+// describeACLs names each ACL with the reason it is needed.
+func describeACLs(acls []kafkaacl.ACL) []string {
+	out := make([]string, len(acls))
+	for i, a := range acls {
+		out[i] = a.Explain()
+	}
+	return out
 }

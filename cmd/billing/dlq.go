@@ -11,6 +11,7 @@ import (
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dlq"
+	"example.com/billing/internal/kafkaacl"
 )
 
 const dlqUsage = `Usage: billing dlq <command> [flags]
@@ -91,7 +92,7 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 		return err
 	}
 	if *group == "" {
-		*group = cfg.Kafka.GroupID + "-dlq-replay"
+		*group = kafkaacl.ReplayGroupPrefix(cfg.Kafka)
 		if *reason != "" {
 			*group += "-" + *reason
 		}

@@ -12,7 +12,7 @@ import (
 	"example.com/billing/internal/config"
 )
 
-var update = flag.Bool("update", false, "rewrite docs/configuration.md from the configuration structs")
+var update = flag.Bool("update", false, "rewrite the generated documentation: docs/configuration.md from the configuration structs, the Kafka ACLs of docs/deployment.md from internal/kafkaacl")
 
 // configurationReference is docs/configuration.md, relative to this
 // package.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 
@@ -31,7 +32,10 @@ it did as JSON on stdout:
     PAYMENT_BASE_URL set, completes the ones nobody worked on for
     PAYMENT_RECOVER_AFTER.
 serve does the same on its own schedule; advisory locks and leases let
-several maintainers run at once.`
+several maintainers run at once. It must run as the role that owns the
+schema (the one of billing migrate): only the owner may drop partitions,
+and serve, running as billing_runtime, leaves the drops to it. Run as
+another role it creates and reports, then fails.`
 
 // maintain runs billing's maintenance once.
 func maintain(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
@@ -85,9 +89,18 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 	if err != nil {
 		return err
 	}
-	return json.NewEncoder(stdout).Encode(struct {
+	if err := json.NewEncoder(stdout).Encode(struct {
 		dedup.Report
 		Outbox   outbox.RetentionReport `json:"outbox"`
 		Attempts billing.RecoveryReport `json:"chargeAttempts"`
-	}{rep, orep, attempts})
+	}{rep, orep, attempts}); err != nil {
+		return err
+	}
+	if rep.NotOwner || orep.NotOwner {
+		// serve, running as billing_runtime, drops nothing either: the
+		// CronJob must fail, and be alerted on, rather than let the dedup
+		// store and the outbox grow for ever.
+		return errors.New("maintain: the role of DATABASE_URL does not own processed_event and outbox, so no expired partition was dropped: run billing maintain with the schema owner's DATABASE_URL (docs/deployment.md#postgresql-roles-and-tls)")
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/tracing"
 )
@@ -97,9 +98,17 @@ func produceCmd(ctx context.Context, args []string, environ map[string]string, s
 		return err
 	}
 	defer stopTracing(context.WithoutCancel(ctx)) //nolint:errcheck // best effort on exit
-	producer, err := sarama.NewAsyncProducer(k.Brokers, cfg)
+	client, err := sarama.NewClient(k.Brokers, cfg)
 	if err != nil {
 		return fmt.Errorf("produce: connect to %s: %w", strings.Join(k.Brokers, ","), err)
+	}
+	defer client.Close()
+	if err := kafkaacl.Require(client, k, kafkaacl.Produce(k)); err != nil {
+		return fmt.Errorf("produce: %w", err)
+	}
+	producer, err := sarama.NewAsyncProducerFromClient(client)
+	if err != nil {
+		return fmt.Errorf("produce: %w", err)
 	}
 	res, err := loadgen.Publish(ctx, producer, gen, loadgen.PublishOptions{
 		Topic: k.Topic, Rate: *rate, Tracer: tp.Tracer("example.com/billing/cmd/billing/produce"),

@@ -33,7 +33,14 @@ func waitForSchema(ctx context.Context, db *sqlx.DB, want int64, log *slog.Logge
 			return nil
 		}
 		wait := retry.NextBackOff()
-		log.Warn("database unreachable; waiting", "err", err, "retry_in", wait)
+		if postgres.IsCertificateError(err) {
+			// Not an outage: the server (or something in its place) shows
+			// a certificate sslmode=verify-full refuses. Said apart, since
+			// it may be an attack; waited out, since it may be a rotation.
+			log.Error("database refused: its TLS certificate does not verify (DATABASE_URL's sslmode, sslrootcert and host); waiting", "err", err, "retry_in", wait)
+		} else {
+			log.Warn("database unreachable; waiting", "err", err, "retry_in", wait)
+		}
 		select {
 		case <-ctx.Done():
 			return nil

@@ -22,6 +22,7 @@ import (
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
@@ -136,6 +137,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	// --- HTTP first, so that liveness answers while dependencies come up.
 	var consumer atomic.Pointer[kafka.Consumer]
 	var proc atomic.Pointer[billing.Processor]
+	var acls permissions
 	ready := server.Readiness{
 		SchemaVersion: func(ctx context.Context) (int64, error) { return postgres.SchemaVersion(ctx, db) },
 		Writable: func(ctx context.Context) error {
@@ -151,6 +153,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 			c := consumer.Load()
 			return c != nil && c.Ready()
 		},
+		MissingACLs: acls.Missing,
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -188,6 +191,14 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 		return ignoreStop(ctx, err)
 	}
 	defer client.Close()
+	// Every permission serve needs, before it takes anything: a missing
+	// one would otherwise show only at its first use (the first message
+	// to park, the first outcome to publish), after messages were taken.
+	need := kafkaacl.Serve(cfg.Kafka)
+	if err := awaitACLs(ctx, log, client, cfg.Kafka, need, &acls); err != nil {
+		return ignoreStop(ctx, err)
+	}
+	maintenance.Go(func() { watchACLs(ctx, log, client, cfg.Kafka, need, &acls) })
 	sizes, err := awaitKafka(ctx, log, brokers, "the topics' settings", func() (topicSizes, error) {
 		return checkTopics(client, cfg, m, log)
 	}, nil)

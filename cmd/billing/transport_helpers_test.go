@@ -16,12 +16,13 @@ import (
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/testpki"
 )
 
 // newPKI is a throwaway certificate authority of the test's own.
-func newPKI(t *testing.T) *kafkatest.PKI {
+func newPKI(t *testing.T) *testpki.PKI {
 	t.Helper()
-	p, err := kafkatest.NewPKI(t.TempDir())
+	p, err := testpki.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,9 +34,9 @@ func newPKI(t *testing.T) *kafkatest.PKI {
 // broker's credentials; the test's own client is built from the very same
 // variables through billing's config and kafka packages, so it
 // authenticates exactly as serve does.
-func newSecureHarness(t *testing.T, l apachekafka.Listener, mechanism string) *harness {
+func newSecureHarness(t *testing.T, l apachekafka.Listener, mechanism string, opts ...kafkatest.Option) *harness {
 	t.Helper()
-	h := &harness{t: t, broker: kafkatest.StartSecure(t, l, mechanism, 1)}
+	h := &harness{t: t, broker: kafkatest.StartSecure(t, l, mechanism, 1, opts...)}
 	h.client = secureClient(t, h.broker.Env())
 	h.db, h.dsn = dbtest.New(t)
 	h.psp = fakepsp.New(fakepsp.Options{Seed: 1})

@@ -6,6 +6,7 @@ replace example.com/billing => ../..
 
 require (
 	example.com/billing v0.0.0-00010101000000-000000000000
+	github.com/IBM/sarama v1.61.1
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/mattn/go-shellwords v1.0.12
 	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.95.2
@@ -20,7 +21,6 @@ require (
 )
 
 require (
-	github.com/IBM/sarama v1.61.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/caarlos0/env/v11 v11.4.2 // indirect

@@ -63,6 +63,10 @@ func newObject(apiVersion, kind string) (any, bool) {
 		return &monitoringv1.PrometheusRule{}, true
 	case "kustomize.config.k8s.io/v1beta1/Kustomization":
 		return &kusttypes.Kustomization{}, true
+	case "kafka.strimzi.io/v1beta2/KafkaTopic":
+		return &kafkaTopic{}, true
+	case "kafka.strimzi.io/v1beta2/KafkaUser":
+		return &kafkaUser{}, true
 	}
 	return nil, false
 }
@@ -229,6 +233,7 @@ type rendered struct {
 	serviceMonitors []*monitoringv1.ServiceMonitor
 	rules           []*monitoringv1.PrometheusRule
 	namespaced      []metav1.Object
+	objects         []any // all of the above, and what has no field of its own
 }
 
 // build renders a kustomization with kustomize's library, as
@@ -252,7 +257,7 @@ func build(t *testing.T, dir string) *rendered {
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
-	r := &rendered{name: dir, configMaps: map[string]*corev1.ConfigMap{}}
+	r := &rendered{name: dir, configMaps: map[string]*corev1.ConfigMap{}, objects: objs}
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *appsv1.Deployment:

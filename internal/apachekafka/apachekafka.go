@@ -56,13 +56,23 @@ type Options struct {
 // Security describes the secured listeners a cluster offers: one that
 // requires TLS with a client certificate, one that requires SASL over TLS,
 // and one that requires SASL over plaintext. SASL accepts PLAIN,
-// SCRAM-SHA-256 and SCRAM-SHA-512 for User/Password.
+// SCRAM-SHA-256 and SCRAM-SHA-512 for User/Password (when User is set);
+// more SCRAM users are added while the cluster runs (SetSCRAM).
 type Security struct {
 	// CertFile and KeyFile are the brokers' certificate (for 127.0.0.1)
 	// and its PKCS #8 key, PEM; CAFile is the CA that signed it and that
 	// client certificates must chain to.
 	CAFile, CertFile, KeyFile string
 	User, Password            string
+	// Authorizer turns on Kafka's StandardAuthorizer with
+	// allow.everyone.if.no.acl.found=false: a principal may do only what
+	// an ACL allows it. User:ANONYMOUS, the principal of the plaintext and
+	// controller listeners, is a super user: the nodes talk to each other
+	// there, and the tests do their own admin work there (topics, ACLs,
+	// users), never on the secured listeners. SuperUsers are more of them
+	// (e.g. "User:billing").
+	Authorizer bool
+	SuperUsers []string
 }
 
 // Cluster is a running Apache Kafka cluster.
@@ -410,12 +420,22 @@ func (c *Cluster) config(n *Node) map[string]string {
 			"sasl.enabled.mechanisms":               "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
 		})
 		for _, l := range []string{"sasl_ssl", "sasl_plaintext"} {
-			cfg["listener.name."+l+".plain.sasl.jaas.config"] = fmt.Sprintf(
-				`org.apache.kafka.common.security.plain.PlainLoginModule required user_%s="%s";`, s.User, s.Password)
+			plain := "org.apache.kafka.common.security.plain.PlainLoginModule required"
+			if s.User != "" {
+				plain += fmt.Sprintf(` user_%s="%s"`, s.User, s.Password)
+			}
+			cfg["listener.name."+l+".plain.sasl.jaas.config"] = plain + ";"
 			for _, m := range []string{"scram-sha-256", "scram-sha-512"} {
 				cfg["listener.name."+l+"."+m+".sasl.jaas.config"] = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 			}
 		}
+	}
+	if s := c.opts.Security; s != nil && s.Authorizer {
+		maps.Copy(cfg, map[string]string{
+			"authorizer.class.name":          "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+			"allow.everyone.if.no.acl.found": "false",
+			"super.users":                    strings.Join(append([]string{"User:ANONYMOUS"}, s.SuperUsers...), ";"),
+		})
 	}
 	cfg["listeners"] = strings.Join(listeners, ",")
 	var advertised []string
@@ -482,4 +502,36 @@ func writeProperties(path string, props map[string]string) error {
 // escapeProperty escapes what a properties file reads specially.
 func escapeProperty(v string) string {
 	return strings.NewReplacer(`\`, `\\`, "\n", `\n`).Replace(v)
+}
+
+// SetSCRAM creates (or replaces) user's SCRAM-SHA-256 and SCRAM-SHA-512
+// credentials with the admin API, on the plaintext listener: sarama sends
+// the salted hash, never the password. The brokers accept the login a
+// moment later, once they have applied the change.
+func (c *Cluster) SetSCRAM(user, password string) error {
+	admin, err := sarama.NewClusterAdmin(c.runningAddrs(), probeConfig())
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	defer admin.Close()
+	// One credential of a user per request: the broker refuses two.
+	for _, m := range []sarama.ScramMechanismType{sarama.SCRAM_MECHANISM_SHA_256, sarama.SCRAM_MECHANISM_SHA_512} {
+		salt := make([]byte, 32)
+		_, _ = rand.Read(salt)
+		results, err := admin.UpsertUserScramCredentials([]sarama.AlterUserScramCredentialsUpsert{
+			{Name: user, Mechanism: m, Iterations: 4096, Salt: salt, Password: []byte(password)}})
+		if err != nil {
+			return fmt.Errorf("set SCRAM credentials of %s: %w", user, err)
+		}
+		for _, r := range results {
+			if r.ErrorCode != sarama.ErrNoError {
+				msg := ""
+				if r.ErrorMessage != nil {
+					msg = ": " + *r.ErrorMessage
+				}
+				return fmt.Errorf("set SCRAM credentials of %s: %w%s", r.User, r.ErrorCode, msg)
+			}
+		}
+	}
+	return nil
 }

@@ -86,7 +86,7 @@ logger.cleaner.level = warn
 func (n *Node) format(ctx context.Context, c *Cluster) error {
 	args := []string{"kafka.tools.StorageTool", "format", "--ignore-formatted",
 		"--cluster-id", c.id, "--config", filepath.Join(n.dir, "server.properties")}
-	if s := c.opts.Security; s != nil {
+	if s := c.opts.Security; s != nil && s.User != "" {
 		for _, m := range []string{"SCRAM-SHA-256", "SCRAM-SHA-512"} {
 			args = append(args, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", m, s.User, s.Password))
 		}

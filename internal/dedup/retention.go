@@ -46,6 +46,10 @@ type Report struct {
 	Partitions int       `json:"partitions"`
 	Oldest     time.Time `json:"oldest"`
 	Horizon    time.Time `json:"horizon"`
+	// NotOwner: the session's role does not own processed_event, so it
+	// created partitions but dropped none (the owner's billing maintain
+	// does).
+	NotOwner bool `json:"notOwner,omitempty"`
 }
 
 // Run creates the partitions from the retention horizon to ahead days after
@@ -65,8 +69,11 @@ func (r *Retention) Run(ctx context.Context) (Report, error) {
 	if !rep.Oldest.IsZero() {
 		r.metrics.DedupOldestPartitionAge.Set(now.Sub(rep.Oldest).Seconds())
 	}
-	r.log.Info("dedup maintenance done", "created", rep.Created, "dropped", rep.Dropped,
-		"partitions", rep.Partitions, "oldest", rep.Oldest, "horizon", rep.Horizon)
+	attrs := []any{"created", rep.Created, "dropped", rep.Dropped, "partitions", rep.Partitions, "oldest", rep.Oldest, "horizon", rep.Horizon}
+	if rep.NotOwner {
+		attrs = append(attrs, "drops", "left to billing maintain, run as the owner: this role does not own processed_event")
+	}
+	r.log.Info("dedup maintenance done", attrs...)
 	return rep, nil
 }
 
@@ -100,9 +107,14 @@ func (r *Retention) run(ctx context.Context, conn *sqlx.Conn, now time.Time, rep
 		rep.Created = append(rep.Created, name)
 	}
 
+	owned, err := Table.Owned(ctx, conn)
+	if err != nil {
+		return err
+	}
+	rep.NotOwner = !owned
 	// Record where the memory ends before forgetting anything (every
 	// partition wholly older than the horizon is a day before horizonDay).
-	if horizonDay.After(droppedBefore) && hasDayBefore(existing, horizonDay) {
+	if owned && horizonDay.After(droppedBefore) && hasDayBefore(existing, horizonDay) {
 		const q = `
 INSERT INTO processed_event_horizon (dropped_before) VALUES ($1)
 ON CONFLICT (only_row) DO UPDATE SET dropped_before = greatest(processed_event_horizon.dropped_before, excluded.dropped_before)`
@@ -112,7 +124,7 @@ ON CONFLICT (only_row) DO UPDATE SET dropped_before = greatest(processed_event_h
 	}
 	for name, p := range existing {
 		// Wholly older than the horizon: its last instant is before it.
-		if !p.Day.AddDate(0, 0, 1).After(rep.Horizon) {
+		if owned && !p.Day.AddDate(0, 0, 1).After(rep.Horizon) {
 			if err := Table.Drop(ctx, conn, name, p); err != nil {
 				return err
 			}

@@ -18,6 +18,7 @@ import (
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 )
 
 // Dead-letter headers: why a message was parked and where it came from.
@@ -111,14 +112,19 @@ func (d *Writer) Park(m *sarama.ConsumerMessage, reason string) (string, error) 
 			return ReasonCode(reason), nil
 		}
 		if !tooLarge(err) {
-			return "", fmt.Errorf("park %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, err)
+			return "", fmt.Errorf("park %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, d.denied(err))
 		}
 		// The estimate was short: the broker's answer is what counts.
 	}
 	if _, _, err := d.producer.SendMessage(d.reference(m, reason)); err != nil {
-		return "", fmt.Errorf("park a reference to %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, err)
+		return "", fmt.Errorf("park a reference to %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, d.denied(err))
 	}
 	return CodeOversize, nil
+}
+
+// denied names the ACL a refused write lacked.
+func (d *Writer) denied(err error) error {
+	return kafkaacl.NameDenied(err, "Write on Topic "+d.topic, "")
 }
 
 // fits reports whether m, compressed, fits the dead-letter topic whole.

@@ -16,6 +16,7 @@ import (
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
 )
 
 // HeaderReplayedFrom marks a republished message with where it was parked:
@@ -149,6 +150,11 @@ func Replay(ctx context.Context, k config.Kafka, opts ReplayOptions, log *slog.L
 		return rep, fmt.Errorf("dlq replay: connect to %s: %w", strings.Join(k.Brokers, ","), err)
 	}
 	defer client.Close()
+	// Every permission the replay needs, before it reads or writes
+	// anything (a dry run too: it tells whether the real run would pass).
+	if err := kafkaacl.Require(client, k, kafkaacl.Replay(k, opts.Group)); err != nil {
+		return rep, fmt.Errorf("dlq replay: %w", err)
+	}
 	r := &replayer{client: client, kafka: k, opts: opts, log: log, partitions: map[string]int32{}}
 	ranges, err := r.ranges()
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/billing"
+	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/metrics"
 )
 
@@ -196,7 +197,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return err
 		}
 		wait := retry.NextBackOff()
-		c.log.Warn("consumer group session failed; joining again", "err", err, "retry_in", wait)
+		c.log.Warn("consumer group session failed; joining again", "err", kafkaacl.NameDenied(err, "Read on Topic "+c.opts.Topic, "Read on Group "+c.opts.Group), "retry_in", wait)
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):

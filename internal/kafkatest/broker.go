@@ -17,6 +17,8 @@ import (
 
 	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/kafkaacl"
+	"example.com/billing/internal/testpki"
 )
 
 // Kinds of broker a test can run against, chosen by KAFKA_TEST_BROKER.
@@ -146,15 +148,18 @@ func Start(t testing.TB, partitions int32, opts ...Option) *Broker {
 // listener l; mechanism names the SASL mechanism. Creds hold what a client
 // must present. On an external cluster, whose credentials the tests do not
 // know, the test is skipped.
-func StartSecure(t testing.TB, l apachekafka.Listener, mechanism string, partitions int32) *Broker {
+func StartSecure(t testing.TB, l apachekafka.Listener, mechanism string, partitions int32, opts ...Option) *Broker {
 	t.Helper()
 	o := topics{partitions: partitions, configs: map[string]string{}, dlqConfig: map[string]string{}}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	kind, _ := Choose()
 	b := &Broker{Kind: kind}
 	b.name(t)
 	switch kind {
 	case Kfake:
-		pki, err := NewPKI(t.TempDir())
+		pki, err := testpki.New(t.TempDir())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,6 +189,37 @@ func StartSecure(t testing.TB, l apachekafka.Listener, mechanism string, partiti
 	}
 	b.createTopics(t, o)
 	return b
+}
+
+// Admin returns a cluster admin of b, closed when the test ends. On Apache
+// Kafka it connects to the plaintext listener, whose principal
+// (User:ANONYMOUS) is a super user: the test's own admin work, never
+// billing's.
+func (b *Broker) Admin(t testing.TB) sarama.ClusterAdmin {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(b.admin, config())
+	if err != nil {
+		t.Fatalf("kafka admin of %v: %v", b.admin, err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	return admin
+}
+
+// AddSCRAMUser creates a SCRAM user on b (Apache Kafka from StartSecure)
+// with a random password, and returns b's credentials for it. On a cluster
+// that authorizes requests it may do nothing until ACLs allow it.
+func (b *Broker) AddSCRAMUser(t testing.TB, name string) Creds {
+	t.Helper()
+	if b.Kind != Apache || b.Creds.Listener == apachekafka.Plaintext {
+		t.Fatalf("AddSCRAMUser needs a secured Apache Kafka broker (StartSecure); this one is %s", b.Kind)
+	}
+	password := "scram-" + randomHex(12)
+	if err := sharedApache(t).cluster.SetSCRAM(name, password); err != nil {
+		t.Fatal(err)
+	}
+	c := b.Creds
+	c.User, c.Password = name, password
+	return c
 }
 
 // name gives b a topic, dead-letter topic and group of the test's own.
@@ -350,7 +386,7 @@ var fallbackOnce sync.Once
 type apacheCluster struct {
 	cluster        *apachekafka.Cluster
 	dir            string
-	pki            *PKI
+	pki            *testpki.PKI
 	user, password string
 }
 
@@ -389,15 +425,21 @@ func startApache() (*apacheCluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	pki, err := NewPKI(dir)
+	pki, err := testpki.New(dir)
 	if err != nil {
 		return nil, err
 	}
 	c := &apacheCluster{dir: dir, pki: pki, user: "billing", password: "sasl-" + randomHex(8)}
 	c.cluster, err = apachekafka.Start(ctx, apachekafka.Options{
 		Nodes: 1, Dir: dir, Jars: jars,
+		// The authorizer is on, as on a production cluster: the tests'
+		// own users (SASL "billing", the client certificate's CN=billing)
+		// are super users like the plaintext listener's ANONYMOUS, and a
+		// test that wants a principal with exactly billing's ACLs makes
+		// one (AddSCRAMUser) and grants them.
 		Security: &apachekafka.Security{CAFile: pki.CAFile, CertFile: pki.ServerCertFile, KeyFile: pki.ServerKeyFile,
-			User: c.user, Password: c.password},
+			User: c.user, Password: c.password,
+			Authorizer: true, SuperUsers: []string{"User:" + c.user, "User:CN=billing"}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w (files in %s)", err, dir)
@@ -421,4 +463,21 @@ func Main(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// Grant allows principal acls, from any host, with the admin API (an
+// admin of b's plaintext listener, as Admin returns). ACLs reach the
+// brokers' authorizers a moment after it returns.
+func Grant(admin sarama.ClusterAdmin, principal string, acls ...kafkaacl.ACL) error {
+	var bindings []*sarama.ResourceAcls
+	for _, a := range acls {
+		bindings = append(bindings, &sarama.ResourceAcls{
+			Resource: sarama.Resource{ResourceType: a.Resource, ResourceName: a.Name, ResourcePatternType: a.Pattern},
+			Acls:     []*sarama.Acl{{Principal: principal, Host: "*", Operation: a.Operation, PermissionType: sarama.AclPermissionAllow}},
+		})
+	}
+	if err := admin.CreateACLs(bindings); err != nil {
+		return fmt.Errorf("grant %s its ACLs: %w", principal, err)
+	}
+	return nil
 }

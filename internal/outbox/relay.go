@@ -16,6 +16,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/postgres"
 )
@@ -237,7 +238,7 @@ func (r *Relay) publish(ctx context.Context, conn *sqlx.Conn, rows []row) (int, 
 		case errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.Is(err, sarama.ErrInvalidMessage):
 			dead, deadWhy = append(dead, rw.EventID), append(deadWhy, err.Error())
 		default:
-			failed, errs = append(failed, rw.EventID.String()), append(errs, err.Error())
+			failed, errs = append(failed, rw.EventID.String()), append(errs, kafkaacl.NameDenied(err, "Write on Topic "+r.topic, "").Error())
 			r.metrics.OutboxErrors.Inc()
 		}
 	}

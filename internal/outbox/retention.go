@@ -39,6 +39,9 @@ type RetentionReport struct {
 	Dropped []string `json:"dropped"`
 	// Kept lists expired days still holding unpublished rows.
 	Kept []string `json:"kept"`
+	// NotOwner: the session's role does not own outbox, so it created
+	// partitions but dropped none (the owner's billing maintain does).
+	NotOwner bool `json:"notOwner,omitempty"`
 }
 
 // Run creates the partitions from today to ahead days after it and drops
@@ -60,6 +63,13 @@ func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 				return err
 			}
 			rep.Created = append(rep.Created, Table.Name(day))
+		}
+		owned, err := Table.Owned(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if rep.NotOwner = !owned; !owned {
+			return nil
 		}
 		horizon := now.Add(-r.keep)
 		for name, p := range existing {
@@ -86,7 +96,11 @@ func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 	})
 	rep.Skipped = !ran
 	if err == nil && ran {
-		r.log.Info("outbox maintenance done", "created", rep.Created, "dropped", rep.Dropped, "kept", rep.Kept)
+		attrs := []any{"created", rep.Created, "dropped", rep.Dropped, "kept", rep.Kept}
+		if rep.NotOwner {
+			attrs = append(attrs, "drops", "left to billing maintain, run as the owner: this role does not own outbox")
+		}
+		r.log.Info("outbox maintenance done", attrs...)
 	}
 	return rep, err
 }

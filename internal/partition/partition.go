@@ -5,8 +5,9 @@
 // A UUID v7's leading 48 bits are its creation time in milliseconds, so one
 // UTC day of ids is one contiguous key range, and a day of rows is removed
 // by dropping its partition: instant, no bloat, no long DELETE. The SQL side
-// is the function ensure_day_partition(parent, day) (migration 5), which
-// creates and attaches the partition named <parent>_pYYYYMMDD.
+// is the function ensure_day_partition(parent, day) (migrations 5 and 7),
+// which creates and attaches the partition named <parent>_pYYYYMMDD as the
+// tables' owner, whoever calls it.
 package partition
 
 import (
@@ -112,6 +113,19 @@ WHERE i.inhparent = $1::regclass`
 		out[name] = Info{Day: day, DetachPending: pending}
 	}
 	return out, rows.Err()
+}
+
+// Owned reports whether the session's role owns t (or inherits from its
+// owner), and so may detach and drop its partitions. serve may run as a
+// role that does not (billing_runtime, migration 7): it creates partitions
+// through ensure_day_partition, which runs as the owner, and leaves the
+// drops to `billing maintain`, run as the owner.
+func (t Table) Owned(ctx context.Context, db sqlx.QueryerContext) (bool, error) {
+	var owned bool
+	if err := sqlx.GetContext(ctx, db, &owned, `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = $1::regclass`, string(t)); err != nil {
+		return false, fmt.Errorf("owner of %s: %w", t, err)
+	}
+	return owned, nil
 }
 
 // Drop detaches partition name without blocking writers, then drops it. A

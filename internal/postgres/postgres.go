@@ -4,6 +4,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -72,6 +74,17 @@ func IsConfigError(err error) bool {
 		return true
 	}
 	return pqErr.Code == "3D000" // invalid_catalog_name: the database does not exist
+}
+
+// IsCertificateError reports whether err is the server's TLS certificate
+// failing verification (sslmode=verify-ca or verify-full): signed by a CA
+// that sslrootcert does not hold, or, with verify-full, issued for another
+// host than DATABASE_URL's.
+func IsCertificateError(err error) bool {
+	var verify *tls.CertificateVerificationError
+	var host x509.HostnameError
+	var authority x509.UnknownAuthorityError
+	return errors.As(err, &verify) || errors.As(err, &host) || errors.As(err, &authority)
 }
 
 // InTx runs fn inside a READ COMMITTED transaction and commits it.

@@ -30,6 +30,10 @@ type Readiness struct {
 	Writable func(ctx context.Context) error
 	// Consumer reports whether the consumer holds a group session.
 	Consumer func() bool
+	// MissingACLs, when set, lists the Kafka permissions the service's
+	// principal lacks (e.g. "Write on Topic orders.confirmed.dlq"): with
+	// one missing, something it must do fails, now or at first use.
+	MissingACLs func() []string
 }
 
 // pingTimeout keeps /readyz answering quickly while the database hangs.
@@ -53,8 +57,9 @@ func handleHealthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 // handleReadyz answers 200 only when the database answers with a schema
-// migrated to this binary's version (or later) and takes writes, and the
-// consumer holds a group session, else 503 naming what is missing. The schema is checked on
+// migrated to this binary's version (or later) and takes writes, the
+// consumer holds a group session and no Kafka permission is missing, else
+// 503 naming what is missing. The schema is checked on
 // every probe because it can change underneath a running process (a
 // restored backup, a migration rolled back): events would then fail one by
 // one while the process looked healthy.
@@ -80,6 +85,11 @@ func handleReadyz(ready Readiness, log *slog.Logger) http.HandlerFunc {
 		}
 		if !ready.Consumer() {
 			missing = append(missing, "consumer group session")
+		}
+		if ready.MissingACLs != nil {
+			for _, acl := range ready.MissingACLs() {
+				missing = append(missing, "kafka ACL: "+acl)
+			}
 		}
 		if len(missing) > 0 {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "missing": missing})

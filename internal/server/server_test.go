@@ -127,3 +127,27 @@ func TestReadyz_AnswersWhileTheDatabaseHangs(t *testing.T) {
 		t.Errorf("/readyz once the database answers: %d %s, want 200", code, body)
 	}
 }
+
+// A Kafka permission the principal lacks makes the service unready, named,
+// also while everything else is in place.
+func TestReadyz_MissingACLsAreNamed(t *testing.T) {
+	t.Parallel()
+	h := server.NewHandler(server.Readiness{
+		SchemaVersion: func(context.Context) (int64, error) { return 3, nil },
+		WantSchema:    3,
+		Writable:      func(context.Context) error { return nil },
+		Consumer:      func() bool { return true },
+		MissingACLs:   func() []string { return []string{"Write on Topic orders.confirmed.dlq"} },
+	}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	var body struct {
+		Missing []string `json:"missing"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %q is not JSON: %v", rec.Body.String(), err)
+	}
+	if want := []string{"kafka ACL: Write on Topic orders.confirmed.dlq"}; rec.Code != http.StatusServiceUnavailable || !slices.Equal(body.Missing, want) {
+		t.Fatalf("/readyz = %d %q, want 503 %q", rec.Code, body.Missing, want)
+	}
+}

@@ -1,4 +1,8 @@
-package kafkatest
+// Package testpki is a throwaway certificate authority for tests: the CA,
+// server certificates for the names a test dials, and a client
+// certificate, written as PEM files the way an operator mounts them.
+// Nothing it makes is committed: each test makes its own.
+package testpki
 
 import (
 	"crypto/ecdsa"
@@ -13,12 +17,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
-// PKI is a throwaway certificate authority with a broker certificate for
-// 127.0.0.1/localhost and a client certificate, written as PEM files the way
-// an operator mounts them into the pod.
+// PKI is a throwaway certificate authority with a server certificate for
+// 127.0.0.1/localhost (a broker's) and a client certificate; Issue makes
+// more server certificates.
 type PKI struct {
 	CAFile   string // the CA certificate: KAFKA_TLS_CA_FILE
 	CertFile string // the client certificate: KAFKA_TLS_CERT_FILE
@@ -28,12 +33,15 @@ type PKI struct {
 	// PKCS #8 key.
 	ServerCertFile, ServerKeyFile string
 
+	dir    string
+	ca     *x509.Certificate
+	caKey  *ecdsa.PrivateKey
 	pool   *x509.CertPool
 	server tls.Certificate
 }
 
-// NewPKI creates a PKI in dir.
-func NewPKI(dir string) (*PKI, error) {
+// New creates a PKI in dir.
+func New(dir string) (*PKI, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -61,6 +69,9 @@ func NewPKI(dir string) (*PKI, error) {
 		KeyFile:        filepath.Join(dir, "client.key"),
 		ServerCertFile: filepath.Join(dir, "server.crt"),
 		ServerKeyFile:  filepath.Join(dir, "server.key"),
+		dir:            dir,
+		ca:             ca,
+		caKey:          caKey,
 		pool:           x509.NewCertPool(),
 	}
 	p.pool.AddCert(ca)
@@ -85,6 +96,29 @@ func NewPKI(dir string) (*PKI, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// Issue signs a server certificate for hosts (DNS names or IP addresses)
+// and writes it and its PKCS #8 key as <name>.crt and <name>.key in the
+// PKI's directory. A server reached under another name fails
+// verification: what a test of the wrong host needs.
+func (p *PKI) Issue(name string, hosts ...string) (certFile, keyFile string, err error) {
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: strings.Join(hosts, ",")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	certFile, keyFile = filepath.Join(p.dir, name+".crt"), filepath.Join(p.dir, name+".key")
+	if _, _, err := issue(p.ca, p.caKey, tmpl, certFile, keyFile); err != nil {
+		return "", "", err
+	}
+	return certFile, keyFile, nil
 }
 
 // ServerTLS is the broker's TLS configuration for the embedded broker; with

@@ -1,0 +1,86 @@
+package kafkaacl_test
+
+import (
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"example.com/billing/internal/apachekafka"
+	"example.com/billing/internal/config"
+	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/kafkaacl"
+	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/wait"
+)
+
+// TestMain stops the Apache Kafka cluster the tests shared, if they
+// started one (see kafkatest.Start).
+func TestMain(m *testing.M) { kafkatest.Main(m) }
+
+// Missing tells, for a principal of an authorizing cluster, exactly the
+// permissions of a list it lacks: all of them for a user without any ACL,
+// then one fewer for every ACL granted, none at the end. It names a group
+// nobody has joined yet, as serve's group is before its first start.
+func TestMissing_NamesWhatThePrincipalLacks(t *testing.T) {
+	b := kafkatest.StartSecure(t, apachekafka.SASLOverTLS, "SCRAM-SHA-512", 1)
+	if b.Kind != kafkatest.Apache {
+		t.Skipf("on %s nothing authorizes requests: every ACL is there", b.Kind)
+	}
+	creds := b.AddSCRAMUser(t, "acl-probe-"+b.Group[len(b.Group)-6:])
+	env := b.Env()
+	maps.Copy(env, creds.Env())
+	var k config.Kafka
+	if err := config.Load(env, &k); err != nil {
+		t.Fatal(err)
+	}
+	acls := kafkaacl.Serve(k)
+	admin := b.Admin(t)
+
+	client := clientOf(t, k)
+	missing := func() []string {
+		m, err := kafkaacl.Missing(client, acls)
+		if err != nil {
+			t.Fatalf("Missing: %v", err)
+		}
+		var names []string
+		for _, a := range m {
+			names = append(names, a.String())
+		}
+		return names
+	}
+	var want []string
+	for _, a := range acls {
+		want = append(want, a.String())
+	}
+	if got := missing(); !slices.Equal(got, want) {
+		t.Fatalf("a user without ACLs misses %q, want all of %q", got, want)
+	}
+	for i, a := range acls {
+		if err := kafkatest.Grant(admin, "User:"+creds.User, a); err != nil {
+			t.Fatal(err)
+		}
+		// An ACL reaches the brokers' authorizers through the metadata
+		// log, a moment after CreateACLs answers.
+		wait.For(t, 10*time.Second, "granted "+a.String(), func() bool { return slices.Equal(missing(), want[i+1:]) })
+	}
+}
+
+// clientOf connects as billing's code does from k.
+func clientOf(t *testing.T, k config.Kafka) sarama.Client {
+	t.Helper()
+	cfg, err := kafka.NewConfig(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var client sarama.Client
+	// A new SCRAM user is known to the brokers a moment after it is made.
+	wait.For(t, 10*time.Second, "a SASL login of the new user", func() bool {
+		client, err = sarama.NewClient(k.Brokers, cfg)
+		return err == nil
+	})
+	t.Cleanup(func() { client.Close() })
+	return client
+}
