@@ -143,32 +143,6 @@ func (m *membership) changes() <-chan struct{} {
 	return m.changed
 }
 
-// unconfirmedFor is the time since the coordinator last confirmed the
-// membership.
-func (m *membership) unconfirmedFor() time.Duration {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return time.Since(m.confirmed)
-}
-
-// await returns true at once while the membership holds, else waits until
-// it is confirmed again (true) or stop is closed (false).
-func (m *membership) await(stop <-chan struct{}) bool {
-	for {
-		m.mu.Lock()
-		lapsed, changed := m.lapsed, m.changed
-		m.mu.Unlock()
-		if !lapsed {
-			return true
-		}
-		select {
-		case <-changed:
-		case <-stop:
-			return false
-		}
-	}
-}
-
 // run confirms the membership every confirmInterval until ctx ends, and
 // declares it lapsed once nothing confirmed a session for the session
 // timeout (within confirmInterval of it).

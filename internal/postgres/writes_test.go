@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 
 	"example.com/billing/internal/postgres"
 )
@@ -14,7 +15,7 @@ import (
 func TestRefuses(t *testing.T) {
 	t.Parallel()
 	pqErr := func(code string) error {
-		return fmt.Errorf("settle: %w", &pq.Error{Code: pq.ErrorCode(code), Message: "m"})
+		return fmt.Errorf("settle: %w", &pq.Error{Code: pqerror.Code(code), Message: "m"})
 	}
 	tests := []struct {
 		name    string
