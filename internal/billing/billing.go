@@ -43,6 +43,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/partition"
@@ -69,10 +70,10 @@ const (
 	// Declined: the provider declined the payment; recorded, not retried.
 	Declined
 	// Parked: the event cannot be processed as it is and belongs in the
-	// dead-letter topic; Result.Code and Result.Detail say why. Its metric
-	// label is the contract's "invalid", whatever the reason (stale,
-	// mismatched and provider-rejected events too);
-	// billing_dlq_messages_total{reason} tells them apart.
+	// dead-letter topic; Result.Reason says why. Its metric label is the
+	// contract's "invalid", whatever the reason (stale, mismatched and
+	// provider-rejected events too), counted by the dead-letter writer
+	// once parked; billing_dlq_messages_total{reason} tells them apart.
 	Parked
 )
 
@@ -95,20 +96,12 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-// Dead-letter reason codes: the stable, kebab-case start of x-dlq-reason.
-const (
-	CodeInvalidEvent     = "invalid-event"
-	CodeStaleEvent       = "stale-event"
-	CodePayloadMismatch  = "payload-mismatch"
-	CodeProviderRejected = "provider-rejected"
-)
-
-// Result is the fate of one message.
+// Result is the fate of one event.
 type Result struct {
 	Outcome Outcome
-	Code    string      // for Parked: one of the Code constants
-	Detail  string      // for Parked: the rule that failed, for a human
-	Event   order.Event // the decoded event; zero when it did not decode
+	// Reason, for Parked: its code and the rule that failed, for a human.
+	Reason reason.Reason
+	Event  order.Event
 	// Recorded is, for a Duplicate, what the charge table holds for the
 	// event itself (Charged, Declined), or Pending when it holds nothing.
 	Recorded Outcome
@@ -119,20 +112,16 @@ type Result struct {
 	counter string
 }
 
-// Reason is the dead-letter reason, "<code>: <detail>".
-func (r Result) Reason() string { return r.Code + ": " + r.Detail }
-
 // announced reports whether r is an event parked for a reason of its own
 // (stale-event, payload-mismatch), whose payment.failed.v1 outcome the
 // claim records so that the order service does not wait for it for ever
-// (a provider-rejected one's is recorded by its settle; an invalid message
-// is no event to announce).
+// (a provider-rejected one's is recorded by its settle).
 func (r Result) announced() bool {
-	return r.Outcome == Parked && r.Event.ID != uuid.Nil && (r.Code == CodeStaleEvent || r.Code == CodePayloadMismatch)
+	return r.Outcome == Parked && (r.Reason.Code == reason.StaleEvent || r.Reason.Code == reason.PayloadMismatch)
 }
 
-func (r *Result) park(code, detail string) {
-	r.Outcome, r.Code, r.Detail = Parked, code, detail
+func (r *Result) park(code reason.Code, detail string) {
+	r.Outcome, r.Reason = Parked, reason.Reason{Code: code, Detail: detail}
 }
 
 // Payer charges through the payment provider. Its errors wrap
@@ -163,7 +152,7 @@ func (h Horizon) providerWindow() time.Duration {
 	return h.ProviderWindow
 }
 
-// Message is one consumed message to settle.
+// Message is one consumed event to settle.
 type Message struct {
 	// ID names the message (consumer group, topic, partition, offset): the
 	// same for every try of it, different for another copy of its event.
@@ -171,7 +160,7 @@ type Message struct {
 	// message recorded without learning so (a commit whose answer was lost)
 	// counts it; without it, every try is a message of its own.
 	ID    string
-	Value []byte
+	Event order.Event // decoded by the consumer (order.Parse)
 	// Trace is the span of the message's processing; the transaction and
 	// payment spans hang below it.
 	Trace trace.SpanContext
@@ -238,21 +227,44 @@ func (p *Processor) WriteRefusal() error { return p.writes.Err() }
 
 // job is one message on its way through claim → charge → settle.
 type job struct {
-	msg  Message
-	res  Result
-	ctx  context.Context // the caller's: once it ends, the job goes back Pending
-	done func(Result, error)
+	msg     Message
+	res     Result
+	ctx     context.Context // the caller's: once it ends, the job goes back Pending
+	done    func(Result, error)
+	metrics *metrics.Metrics
 	// rounds counts the job's claims: an event waiting for another attempt
 	// of its order is claimed again once that attempt is settled.
 	rounds int
 }
 
-// finish hands the job's result to its caller, with why it is Pending.
+// finish hands the job's result to its caller, with why it is Pending, and
+// counts it where it was decided: a decided event by its outcome (a parked
+// one is counted by the dead-letter writer once parked), an event left
+// pending by a failure as a retry by its cause.
 func (j *job) finish(err error) {
-	if j.res.Outcome != Pending {
+	switch j.res.Outcome {
+	case Pending:
+		if err != nil && j.ctx.Err() == nil && !errors.Is(err, ErrStopped) { // not the caller giving up
+			j.metrics.Retries.WithLabelValues(retryCause(err)).Inc()
+		}
+	case Parked:
 		err = nil
+	default:
+		err = nil
+		j.metrics.Events.WithLabelValues(j.res.Outcome.String()).Inc()
+		j.metrics.EndToEnd.Observe(time.Since(j.res.Event.OccurredAt).Seconds())
 	}
 	j.done(j.res, err)
+}
+
+// retryCause labels a failure that leaves an event pending in
+// billing_retries_total: the provider's, or the database's.
+func retryCause(err error) string {
+	var te *payment.TransientError
+	if errors.As(err, &te) {
+		return "payment"
+	}
+	return "database"
 }
 
 // ErrStopped: the processor stopped (Run returned) before the event was
@@ -284,11 +296,11 @@ func (p *Processor) Run(ctx context.Context) {
 	}
 }
 
-// Submit starts m on its way and returns at once; done is called once,
-// from another goroutine, with its result: decided (charged, declined, a
-// duplicate, parked), or Pending with the reason, for the caller to retry
-// later (the retry resumes the recorded attempt under the same key).
-// Invalid events are decided here.
+// Submit starts m's event on its way and returns at once; done is called
+// once, from another goroutine, with its result: decided (charged,
+// declined, a duplicate, parked), or Pending with the reason, for the
+// caller to retry later (the retry resumes the recorded attempt under the
+// same key).
 func (p *Processor) Submit(ctx context.Context, m Message, done func(Result, error)) {
 	j := p.newJob(ctx, m, done)
 	if j.res.Outcome == Parked && !j.res.announced() {
@@ -329,16 +341,12 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 // newJob decodes m strictly and checks its event against the horizon: a
 // job parked before any claim is an invalid message, or an event that
 // billing cannot judge (whose failure the claim records).
+// newJob checks m's event against the horizon: an event billing cannot
+// judge is parked before any claim (whose failure the claim records).
 func (p *Processor) newJob(ctx context.Context, m Message, done func(Result, error)) *job {
-	j := &job{msg: m, ctx: ctx, done: done}
-	j.res.trace, j.res.counter = m.Trace, p.counter(m)
-	ev, err := order.Parse(m.Value)
-	if err != nil {
-		j.res.park(CodeInvalidEvent, err.Error())
-		return j
-	}
-	j.res.Event = ev
-	if code, detail := p.outsideHorizon(ev, p.now()); code != "" {
+	j := &job{msg: m, ctx: ctx, done: done, metrics: p.metrics}
+	j.res.Event, j.res.trace, j.res.counter = m.Event, m.Trace, p.counter(m)
+	if code, detail := p.outsideHorizon(m.Event, p.now()); code != "" {
 		j.res.park(code, detail)
 	}
 	return j
@@ -396,14 +404,14 @@ func (p *Processor) counter(m Message) string {
 // store cannot judge ("" when it can): older than the retention (its
 // record may have been dropped, so a duplicate would be charged again), or
 // further in the future than the clock skew allows.
-func (p *Processor) outsideHorizon(ev order.Event, now time.Time) (code, detail string) {
+func (p *Processor) outsideHorizon(ev order.Event, now time.Time) (code reason.Code, detail string) {
 	created := ev.IDTime()
 	if horizon := now.Add(-p.horizon.Retention); created.Before(horizon) {
-		return CodeStaleEvent, fmt.Sprintf("eventId time %s is older than the dedup retention %s (horizon %s); its record may be gone, so it is not charged blindly",
+		return reason.StaleEvent, fmt.Sprintf("eventId time %s is older than the dedup retention %s (horizon %s); its record may be gone, so it is not charged blindly",
 			created.Format(time.RFC3339), p.horizon.Retention, horizon.Format(time.RFC3339))
 	}
 	if ahead := created.Sub(now); ahead > p.horizon.MaxFutureSkew {
-		return CodeInvalidEvent, fmt.Sprintf("eventId: time %s is %s ahead of this consumer's clock (more than the allowed skew %s)",
+		return reason.InvalidEvent, fmt.Sprintf("eventId: time %s is %s ahead of this consumer's clock (more than the allowed skew %s)",
 			created.Format(time.RFC3339), ahead.Round(time.Second), p.horizon.MaxFutureSkew)
 	}
 	return "", ""
@@ -424,7 +432,7 @@ func (p *Processor) healPartitions(ctx context.Context, jobs []*job) error {
 		}
 		ev := j.res.Event
 		if partition.Day(ev.ID).Before(droppedBefore) {
-			j.res.park(CodeStaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
+			j.res.park(reason.StaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
 				ev.IDTime().Format(time.RFC3339), droppedBefore.Format(time.DateOnly)))
 			continue
 		}

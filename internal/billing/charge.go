@@ -3,7 +3,6 @@ package billing
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -188,24 +187,6 @@ func (p *Processor) skipSettled(ctx context.Context, calls []*call) {
 	for _, s := range settled {
 		byID[s.EventID].a.Status = s.Status
 	}
-}
-
-// RetryFor tells how a caller should retry an event Process or Submit left
-// Pending with err: the cause, as billing_retries_total labels it
-// (payment or database), and the least wait (a provider's Retry-After).
-func RetryFor(err error) Retry {
-	var te *payment.TransientError
-	if errors.As(err, &te) {
-		return Retry{Cause: "payment", After: te.RetryAfter}
-	}
-	return Retry{Cause: "database"}
-}
-
-// Retry is what a Pending result asks of its caller before it tries the
-// event again.
-type Retry struct {
-	Cause string
-	After time.Duration
 }
 
 func expiredDetail(a attempt, own bool, window time.Duration) string {

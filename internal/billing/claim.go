@@ -13,6 +13,7 @@ import (
 
 	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/tracing"
@@ -77,7 +78,7 @@ func (p *Processor) claimBatch(ctx context.Context, jobs []*job) {
 		}
 		return
 	case errors.As(refusal(err), &refused):
-		jobs[0].res.park(CodeInvalidEvent, refused.Error())
+		jobs[0].res.park(reason.InvalidEvent, refused.Error())
 		jobs[0].finish(nil)
 		return
 	default:
@@ -159,7 +160,7 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 				in = copyInBatch
 			case hasOwn && !own.sameRequest(ev):
 				r := j.res
-				r.park(CodePayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
+				r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
 					ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
 				decided[j] = r
 				continue
@@ -199,7 +200,7 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 			r := j.res
 			switch {
 			case v == dedup.Mismatch:
-				r.park(CodePayloadMismatch, fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip",
+				r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip",
 					ev.ID, entries[n].Fingerprint[:8]))
 				decided[j] = r
 				continue
@@ -268,7 +269,7 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 // failureOf is the payment.failed.v1 outcome of an event parked for a
 // reason of its own.
 func (p *Processor) failureOf(r Result) outbox.Outcome {
-	o := outbox.NewOutcome(outbox.Failed, r.Event, r.Code, p.now())
+	o := outbox.NewOutcome(outbox.Failed, r.Event, string(r.Reason.Code), p.now())
 	o.Traceparent = tracing.Traceparent(r.trace)
 	return o
 }

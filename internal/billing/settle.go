@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/charge"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
@@ -60,7 +61,7 @@ func (p *Processor) decide(c *call, j *job) {
 	switch {
 	case c.expired:
 		// Parked; the claim records its failure, under its order's lock.
-		j.res.park(CodeStaleEvent, expiredDetail(c.a, own, p.horizon.providerWindow()))
+		j.res.park(reason.StaleEvent, expiredDetail(c.a, own, p.horizon.providerWindow()))
 		if !p.claims.push(j) {
 			j.finish(ErrStopped)
 		}
@@ -73,7 +74,7 @@ func (p *Processor) decide(c *call, j *job) {
 		if c.a.LastError != nil {
 			detail = *c.a.LastError
 		}
-		j.res.park(CodeProviderRejected, detail)
+		j.res.park(reason.ProviderRejected, detail)
 		j.finish(nil)
 	case c.settledHere && c.counted == j:
 		j.res.Outcome = c.a.outcome()
@@ -194,11 +195,11 @@ func (p *Processor) outcomeOf(c *call, status string) outbox.Outcome {
 	ev := order.Event{ID: a.EventID, OrderID: a.OrderID, CustomerID: a.CustomerID,
 		Amount: order.Money{Minor: a.Amount, Currency: a.Currency}}
 	typ := map[string]string{charge.Succeeded: outbox.Succeeded, charge.Declined: outbox.Declined, charge.Rejected: outbox.Failed}[status]
-	var reason string
+	var why string
 	if status == charge.Rejected {
-		reason = CodeProviderRejected
+		why = string(reason.ProviderRejected)
 	}
-	o := outbox.NewOutcome(typ, ev, reason, p.now())
+	o := outbox.NewOutcome(typ, ev, why, p.now())
 	switch status {
 	case charge.Succeeded:
 		o.ProviderChargeID = c.charge.ID
