@@ -46,7 +46,6 @@ import (
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 )
@@ -415,32 +414,4 @@ func (p *Processor) outsideHorizon(ev order.Event, now time.Time) (code reason.C
 			created.Format(time.RFC3339), ahead.Round(time.Second), p.horizon.MaxFutureSkew)
 	}
 	return "", ""
-}
-
-// healPartitions parks the events of days that retention dropped (the
-// claim then records their failure), creates the missing partitions of the
-// others rather than retry forever, and reports whether it did either.
-func (p *Processor) healPartitions(ctx context.Context, jobs []*job) error {
-	droppedBefore, err := dedup.DroppedBefore(ctx, p.db)
-	if err != nil {
-		return err
-	}
-	var ids []uuid.UUID
-	for _, j := range jobs {
-		if j.res.Outcome == Parked {
-			continue
-		}
-		ev := j.res.Event
-		if partition.Day(ev.ID).Before(droppedBefore) {
-			j.res.park(reason.StaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
-				ev.IDTime().Format(time.RFC3339), droppedBefore.Format(time.DateOnly)))
-			continue
-		}
-		ids = append(ids, ev.ID)
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	p.log.Warn("processed_event has no partition for an event's day; creating it (is `billing maintain` running?)")
-	return dedup.Table.EnsureFor(ctx, p.db, ids)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
@@ -59,13 +60,18 @@ func (p *Processor) claimBatch(ctx context.Context, jobs []*job) {
 		return
 	}
 	pl, err := p.claim(ctx, jobs)
-	if dedup.Table.IsMissing(err) {
-		// An event's day has no partition: retention dropped it (the event
-		// cannot be judged) or maintenance has not created it (yet). The
-		// claim rolled back; decide, create, and claim again.
-		if err = p.healPartitions(ctx, jobs); err == nil {
-			pl, err = p.claim(ctx, jobs)
+	var dropped *droppedError
+	if errors.As(err, &dropped) {
+		// Retention dropped these events' days: they cannot be judged.
+		// The claim rolled back; park them (the next claim records their
+		// failure) and claim again.
+		for _, j := range jobs {
+			if j.res.Outcome == Pending && slices.Contains(dropped.ids, j.res.Event.ID) {
+				j.res.park(reason.StaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
+					j.res.Event.IDTime().Format(time.RFC3339), dropped.before.Format(time.DateOnly)))
+			}
 		}
+		pl, err = p.claim(ctx, jobs)
 	}
 	var refused *refusedError
 	switch {
@@ -118,7 +124,7 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 
 	var pl *plan
 	decided := map[*job]Result{}
-	err := p.inTxWithOutbox(ctx, "claim", traces(jobs), func(tx *sqlx.Tx) error {
+	err := p.inTx(ctx, "claim", traces(jobs), func(tx *sqlx.Tx) error {
 		pl = &plan{calls: map[uuid.UUID]*call{}, waits: map[*job]uuid.UUID{}}
 		clear(decided)
 		if err := lockOrders(ctx, tx, orderIDs); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -16,9 +17,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/charge"
+	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
+	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/tracing"
@@ -148,7 +151,7 @@ RETURNING c.event_id, c.status`
 		EventID uuid.UUID `db:"event_id"`
 		Status  string    `db:"status"`
 	}
-	err := p.inTxWithOutbox(ctx, "settle", spans, func(tx *sqlx.Tx) error {
+	err := p.inTx(ctx, "settle", spans, func(tx *sqlx.Tx) error {
 		changed = changed[:0]
 		if len(ids) > 0 {
 			if err := tx.SelectContext(ctx, &changed, update, ids, statuses, providerIDs, errs, countedBy); err != nil {
@@ -214,25 +217,62 @@ func (p *Processor) outcomeOf(c *call, status string) outbox.Outcome {
 	return o
 }
 
-// inTxWithOutbox is inTx for a transaction that records outcomes: when the
-// outbox has no partition for today yet (maintenance has not run), it
-// creates it and runs the transaction once more.
-func (p *Processor) inTxWithOutbox(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
-	err := p.inTx(ctx, phase, spans, fn)
-	var missing *outbox.MissingPartitionError
+// inTx runs fn in a transaction of phase, traced below the events' spans and
+// timed in billing_db_transaction_seconds. When a row fell on a day whose
+// partition does not exist (maintenance has not run; a late event), it
+// creates the partitions and runs fn once more: every write of the
+// pipeline heals that one way.
+func (p *Processor) inTx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
+	err := p.tx(ctx, phase, spans, fn)
+	var missing *partition.MissingError
 	if !errors.As(err, &missing) {
 		return err
 	}
-	p.log.Warn("the outbox has no partition for today; creating it (is maintenance running?)")
-	if err := outbox.Table.EnsureFor(ctx, p.db, missing.IDs); err != nil {
+	if err := p.createPartitions(ctx, missing); err != nil {
 		return err
 	}
-	return p.inTx(ctx, phase, spans, fn)
+	return p.tx(ctx, phase, spans, fn)
 }
 
-// inTx runs fn in a transaction of phase, traced below the events' spans and
-// timed in billing_db_transaction_seconds.
-func (p *Processor) inTx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
+// createPartitions creates the partitions missing's rows need. A day of
+// processed_event that retention dropped is not created again: an event of
+// that day could be a duplicate whose record is gone, and the claim parks
+// it (droppedError).
+func (p *Processor) createPartitions(ctx context.Context, missing *partition.MissingError) error {
+	ids := missing.IDs
+	if missing.Table == dedup.Table {
+		droppedBefore, err := dedup.DroppedBefore(ctx, p.db)
+		if err != nil {
+			return err
+		}
+		dropped := &droppedError{before: droppedBefore}
+		ids = slices.DeleteFunc(slices.Clone(ids), func(id uuid.UUID) bool {
+			if partition.Day(id).Before(droppedBefore) {
+				dropped.ids = append(dropped.ids, id)
+				return true
+			}
+			return false
+		})
+		if len(dropped.ids) > 0 {
+			return dropped
+		}
+	}
+	p.log.Warn("a table has no partition for a row's day; creating it (is `billing maintain` running?)", "table", missing.Table)
+	return missing.Table.EnsureFor(ctx, p.db, ids)
+}
+
+// droppedError: events fall on days whose dedup records retention dropped.
+type droppedError struct {
+	ids    []uuid.UUID
+	before time.Time // the store remembers from this day on
+}
+
+func (e *droppedError) Error() string {
+	return fmt.Sprintf("%d events fall on days whose dedup records were dropped (before %s)", len(e.ids), e.before.Format(time.DateOnly))
+}
+
+// tx runs fn in one transaction of phase, traced and timed.
+func (p *Processor) tx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
 	links := make([]trace.Link, 0, len(spans))
 	for _, sc := range spans {
 		links = append(links, trace.Link{SpanContext: sc})
