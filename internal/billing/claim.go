@@ -132,11 +132,15 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 		}
 		// After the locks, so that under READ COMMITTED this statement
 		// sees what the locks' last holders committed.
-		rows, err := selectAttempts(ctx, tx, orderIDs, events)
+		eventIDs := make([]uuid.UUID, len(events))
+		for i, ev := range events {
+			eventIDs[i] = ev.ID
+		}
+		rows, err := charge.ForOrders(ctx, tx, orderIDs, eventIDs)
 		if err != nil {
 			return err
 		}
-		byEvent := map[uuid.UUID]attempt{}
+		byEvent := map[uuid.UUID]charge.Row{}
 		paid := map[int64]bool{}
 		busy := map[int64]uuid.UUID{} // order → the attempt this claim completes for it
 		for _, a := range rows {
@@ -164,7 +168,7 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 			case seen[ev.ID]:
 				// The dedup store judges it against the first copy.
 				in = copyInBatch
-			case hasOwn && !own.sameRequest(ev):
+			case hasOwn && !sameRequest(own, ev):
 				r := j.res
 				r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
 					ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
@@ -198,7 +202,7 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 		}
 		pl.claimed = len(entries)
 
-		var fresh []attempt
+		var fresh []charge.Row
 		var retried []uuid.UUID
 		var settledOwn []*job
 		for n, j := range claimed {
@@ -223,7 +227,7 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 				continue
 			case in == settled:
 				// Counted below when no message of the event counted it.
-				r.Outcome, r.Recorded = Duplicate, byEvent[ev.ID].outcome()
+				r.Outcome, r.Recorded = Duplicate, outcomeOf(byEvent[ev.ID].Status)
 				settledOwn = append(settledOwn, j)
 			case v == dedup.Seen || in == copyInBatch:
 				// Claimed before without an attempt of its own: a business
@@ -243,10 +247,10 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 		if err := p.count(ctx, tx, settledOwn, decided); err != nil {
 			return err
 		}
-		if err := insertAttempts(ctx, tx, fresh); err != nil {
+		if err := charge.InsertPending(ctx, tx, fresh); err != nil {
 			return err
 		}
-		if err := reopenRejected(ctx, tx, retried); err != nil {
+		if err := charge.Reopen(ctx, tx, retried); err != nil {
 			return err
 		}
 		// The failures of the events parked for a reason of their own,
@@ -339,13 +343,8 @@ func (p *Processor) count(ctx context.Context, tx *sqlx.Tx, jobs []*job, decided
 	if len(jobs) == 0 {
 		return nil
 	}
-	const q = `
-UPDATE charge AS c SET counted_by = u.counter
-FROM unnest($1::uuid[], $2::text[]) AS u(id, counter)
-WHERE c.event_id = u.id AND c.status IN ('succeeded', 'declined')
-  AND (c.counted_by IS NULL OR c.counted_by = u.counter)
-RETURNING c.event_id, c.counted_by`
-	var ids, counters pq.StringArray
+	var ids []uuid.UUID
+	var counters []string
 	seen := map[uuid.UUID]bool{}
 	for _, j := range jobs {
 		id := j.res.Event.ID
@@ -353,19 +352,12 @@ RETURNING c.event_id, c.counted_by`
 			continue // a second copy in the batch is a duplicate
 		}
 		seen[id] = true
-		ids = append(ids, id.String())
+		ids = append(ids, id)
 		counters = append(counters, j.res.counter)
 	}
-	var counted []struct {
-		EventID uuid.UUID `db:"event_id"`
-		Counter string    `db:"counted_by"`
-	}
-	if err := tx.SelectContext(ctx, &counted, q, ids, counters); err != nil {
-		return fmt.Errorf("count settled charge attempts: %w", err)
-	}
-	byEvent := map[uuid.UUID]string{}
-	for _, c := range counted {
-		byEvent[c.EventID] = c.Counter
+	byEvent, err := charge.Count(ctx, tx, ids, counters)
+	if err != nil {
+		return err
 	}
 	for _, j := range jobs {
 		r := decided[j]
@@ -388,64 +380,6 @@ FROM (SELECT DISTINCT hashint8(id) AS h FROM unnest($2::int8[]) AS id) AS keys
 ORDER BY h`
 	if _, err := tx.ExecContext(ctx, q, orderLockSpace, pq.Int64Array(orderIDs)); err != nil {
 		return fmt.Errorf("lock orders: %w", err)
-	}
-	return nil
-}
-
-// selectAttempts reads the attempts of orderIDs and those of the events
-// themselves (an event id recorded for another order is a mismatch).
-func selectAttempts(ctx context.Context, tx *sqlx.Tx, orderIDs []int64, events []order.Event) ([]attempt, error) {
-	const q = `SELECT ` + charge.Columns + ` FROM charge WHERE order_id = ANY($1::int8[]) OR event_id = ANY($2::uuid[])`
-	ids := make(pq.StringArray, len(events))
-	for i, ev := range events {
-		ids[i] = ev.ID.String()
-	}
-	var rows []attempt
-	if err := tx.SelectContext(ctx, &rows, q, pq.Int64Array(orderIDs), ids); err != nil {
-		return nil, fmt.Errorf("select charge attempts: %w", err)
-	}
-	return rows, nil
-}
-
-// insertAttempts records new pending attempts, one statement for the batch.
-func insertAttempts(ctx context.Context, tx *sqlx.Tx, as []attempt) error {
-	if len(as) == 0 {
-		return nil
-	}
-	const q = `
-INSERT INTO charge (event_id, order_id, customer_id, amount_minor, currency, status)
-SELECT e, o, c, a, cur, 'pending'
-FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::text[]) AS t(e, o, c, a, cur)`
-	var ids, currencies pq.StringArray
-	var orders, customers, amounts pq.Int64Array
-	for _, a := range as {
-		ids = append(ids, a.EventID.String())
-		orders = append(orders, a.OrderID)
-		customers = append(customers, a.CustomerID)
-		amounts = append(amounts, a.Amount)
-		currencies = append(currencies, a.Currency)
-	}
-	if _, err := tx.ExecContext(ctx, q, ids, orders, customers, amounts, currencies); err != nil {
-		return fmt.Errorf("insert charge attempts: %w", err)
-	}
-	return nil
-}
-
-// reopenRejected makes refused attempts pending again, as new attempts: the
-// provider charged nothing under them, so the idempotency window starts now.
-func reopenRejected(ctx context.Context, tx *sqlx.Tx, ids []uuid.UUID) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	const q = `
-UPDATE charge SET status = 'pending', settled_at = NULL, created_at = now(), updated_at = now()
-WHERE event_id = ANY($1::uuid[]) AND status = 'rejected'`
-	texts := make(pq.StringArray, len(ids))
-	for i, id := range ids {
-		texts[i] = id.String()
-	}
-	if _, err := tx.ExecContext(ctx, q, texts); err != nil {
-		return fmt.Errorf("reopen refused charge attempts: %w", err)
 	}
 	return nil
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -80,7 +79,7 @@ func (p *Processor) decide(c *call, j *job) {
 		j.res.park(reason.ProviderRejected, detail)
 		j.finish(nil)
 	case c.settledHere && c.counted == j:
-		j.res.Outcome = c.a.outcome()
+		j.res.Outcome = outcomeOf(c.a.Status)
 		j.finish(nil)
 	default:
 		// Settled by another worker (a copy of the event, another event
@@ -101,79 +100,53 @@ var errUnanswered = errors.New("billing: the charge attempt is still unanswered"
 // waits for it (charge.counted_by), and for nobody otherwise: the event's
 // message counts it when it comes.
 func (p *Processor) settle(ctx context.Context, calls []*call) error {
-	const update = `
-UPDATE charge AS c SET
-    status             = u.status,
-    provider_charge_id = NULLIF(u.provider_id, ''),
-    settled_at         = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
-    updated_at         = now(),
-    requests           = c.requests + 1,
-    last_error         = NULLIF(u.err, ''),
-    counted_by         = CASE WHEN u.status = 'pending' THEN NULL ELSE NULLIF(u.counted_by, '') END
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, status, provider_id, err, counted_by)
-WHERE c.event_id = u.id AND c.status = 'pending'
-RETURNING c.event_id, c.status`
-	const reread = `SELECT ` + charge.Columns + ` FROM charge WHERE event_id = ANY($1::uuid[])`
-
 	byID := make(map[uuid.UUID]*call, len(calls))
-	var ids, statuses, providerIDs, errs, countedBy, all pq.StringArray
+	var answers []charge.Answer
+	var all []uuid.UUID
 	var spans []trace.SpanContext
 	for _, c := range calls {
 		byID[c.a.EventID] = c
-		all = append(all, c.a.EventID.String())
+		all = append(all, c.a.EventID)
 		spans = append(spans, c.trace)
 		if !c.sent {
 			continue
 		}
-		var counted string
-		if c.counted != nil {
-			counted = c.counted.res.counter
-		}
-		countedBy = append(countedBy, counted)
-		status, errText := charge.Pending, ""
+		a := charge.Answer{EventID: c.a.EventID, Status: charge.Pending, ProviderChargeID: c.charge.ID}
 		switch {
 		case c.err == nil:
-			status = charge.Succeeded
+			a.Status = charge.Succeeded
 		case errors.Is(c.err, payment.ErrDeclined):
-			status, errText = charge.Declined, c.err.Error()
+			a.Status, a.Err = charge.Declined, c.err.Error()
 		case errors.Is(c.err, payment.ErrRejected):
-			status, errText = charge.Rejected, c.err.Error()
+			a.Status, a.Err = charge.Rejected, c.err.Error()
 		default:
-			errText = c.err.Error()
+			a.Err = c.err.Error()
 		}
-		ids = append(ids, c.a.EventID.String())
-		statuses = append(statuses, status)
-		providerIDs = append(providerIDs, c.charge.ID)
-		errs = append(errs, errText)
+		if c.counted != nil && a.Status != charge.Pending {
+			a.CountedBy = c.counted.res.counter
+		}
+		answers = append(answers, a)
 	}
-	var recorded []attempt
-	var changed []struct {
-		EventID uuid.UUID `db:"event_id"`
-		Status  string    `db:"status"`
-	}
+	var recorded []charge.Row
+	var changed map[uuid.UUID]string
 	err := p.inTx(ctx, "settle", spans, func(tx *sqlx.Tx) error {
-		changed = changed[:0]
-		if len(ids) > 0 {
-			if err := tx.SelectContext(ctx, &changed, update, ids, statuses, providerIDs, errs, countedBy); err != nil {
-				return fmt.Errorf("settle charge attempts: %w", err)
-			}
+		var err error
+		if changed, err = charge.Settle(ctx, tx, answers); err != nil {
+			return err
 		}
 		// The outcome is announced with the settle that records it, once:
 		// only this transaction moved these attempts out of pending.
 		var outcomes []outbox.Outcome
-		for _, ch := range changed {
-			if ch.Status == charge.Pending {
-				continue
+		for id, status := range changed {
+			if status != charge.Pending {
+				outcomes = append(outcomes, p.outcomeOf(byID[id], status))
 			}
-			outcomes = append(outcomes, p.outcomeOf(byID[ch.EventID], ch.Status))
 		}
 		if err := outbox.Record(ctx, tx, outcomes); err != nil {
 			return err
 		}
-		if err := tx.SelectContext(ctx, &recorded, reread, all); err != nil {
-			return fmt.Errorf("read settled charge attempts: %w", err)
-		}
-		return nil
+		recorded, err = charge.Get(ctx, tx, all)
+		return err
 	})
 	if err != nil {
 		return err
@@ -183,8 +156,8 @@ RETURNING c.event_id, c.status`
 			c.a = a
 		}
 	}
-	for _, ch := range changed {
-		if c, ok := byID[ch.EventID]; ok && ch.Status != charge.Pending {
+	for id, status := range changed {
+		if c, ok := byID[id]; ok && status != charge.Pending {
 			c.settledHere = true
 		}
 	}
