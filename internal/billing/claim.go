@@ -15,7 +15,6 @@ import (
 	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dlq/reason"
-	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/tracing"
 )
@@ -103,177 +102,209 @@ func (p *Processor) claimBatch(ctx context.Context, jobs []*job) {
 // reason of their own, and returns the plan. Events it decides at once
 // (duplicates, business duplicates, mismatches) get their Result.
 func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
+	var c *claimTx
+	err := p.inTx(ctx, "claim", traces(jobs), func(tx *sqlx.Tx) error {
+		c = &claimTx{p: p, tx: tx, jobs: jobs, decided: map[*job]Result{},
+			pl: &plan{calls: map[uuid.UUID]*call{}, waits: map[*job]uuid.UUID{}}}
+		return c.run(ctx)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for j, r := range c.decided {
+		j.res = r
+	}
+	p.metrics.Batch.Observe(float64(c.pl.claimed))
+	return c.pl, nil
+}
+
+// claimTx is one claim transaction's work: what the orders' attempts are,
+// what each event means to do, and what the claim decided.
+type claimTx struct {
+	p    *Processor
+	tx   *sqlx.Tx
+	jobs []*job
+
+	byEvent map[uuid.UUID]charge.Row // the attempts read, by event
+	paid    map[int64]bool           // orders with a succeeded attempt
+	busy    map[int64]uuid.UUID      // order → the attempt this claim completes for it
+
+	claimed []*job // the events recorded in the dedup store, in batch order
+	intents map[*job]intent
+	entries []dedup.Entry // claimed's, in the same order
+
+	decided map[*job]Result
+	pl      *plan
+}
+
+func (c *claimTx) run(ctx context.Context) error {
 	var claiming, announce []*job
-	for _, j := range jobs {
+	for _, j := range c.jobs {
 		if j.res.Outcome == Parked {
 			announce = append(announce, j)
 		} else {
 			claiming = append(claiming, j)
 		}
 	}
-	events := make([]order.Event, 0, len(claiming))
-	orderIDs := make([]int64, 0, len(jobs))
-	for _, j := range jobs {
-		orderIDs = append(orderIDs, j.res.Event.OrderID)
+	if err := c.lockAndRead(ctx, claiming); err != nil {
+		return err
 	}
-	for _, j := range claiming {
-		events = append(events, j.res.Event)
+	c.intend(claiming)
+	verdicts, err := c.p.dedup.Claim(ctx, c.tx, c.entries)
+	if err != nil {
+		return err
+	}
+	c.pl.claimed = len(c.entries)
+	return c.record(ctx, verdicts, announce)
+}
+
+// lockAndRead takes the advisory locks of every job's order, in key order,
+// and then reads the orders' attempts and those of the claiming events:
+// after the locks, so that under READ COMMITTED this sees what the locks'
+// last holders committed.
+func (c *claimTx) lockAndRead(ctx context.Context, claiming []*job) error {
+	orderIDs := make([]int64, 0, len(c.jobs))
+	for _, j := range c.jobs {
+		orderIDs = append(orderIDs, j.res.Event.OrderID)
 	}
 	slices.Sort(orderIDs)
 	orderIDs = slices.Compact(orderIDs)
-
-	var pl *plan
-	decided := map[*job]Result{}
-	err := p.inTx(ctx, "claim", traces(jobs), func(tx *sqlx.Tx) error {
-		pl = &plan{calls: map[uuid.UUID]*call{}, waits: map[*job]uuid.UUID{}}
-		clear(decided)
-		if err := lockOrders(ctx, tx, orderIDs); err != nil {
-			return err
-		}
-		// After the locks, so that under READ COMMITTED this statement
-		// sees what the locks' last holders committed.
-		eventIDs := make([]uuid.UUID, len(events))
-		for i, ev := range events {
-			eventIDs[i] = ev.ID
-		}
-		rows, err := charge.ForOrders(ctx, tx, orderIDs, eventIDs)
-		if err != nil {
-			return err
-		}
-		byEvent := map[uuid.UUID]charge.Row{}
-		paid := map[int64]bool{}
-		busy := map[int64]uuid.UUID{} // order → the attempt this claim completes for it
-		for _, a := range rows {
-			byEvent[a.EventID] = a
-			switch a.Status {
-			case charge.Succeeded:
-				paid[a.OrderID] = true
-			case charge.Pending:
-				busy[a.OrderID] = a.EventID
-				pl.calls[a.EventID] = newCall(a, true)
-			}
-		}
-
-		// What each event would do, in batch order: the first event of an
-		// order may charge it, the others wait for that attempt.
-		var entries []dedup.Entry
-		var claimed []*job
-		intents := map[*job]intent{}
-		seen := map[uuid.UUID]bool{}
-		for _, j := range claiming {
-			ev := j.res.Event
-			own, hasOwn := byEvent[ev.ID]
-			var in intent
-			switch {
-			case seen[ev.ID]:
-				// The dedup store judges it against the first copy.
-				in = copyInBatch
-			case hasOwn && !sameRequest(own, ev):
-				r := j.res
-				r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
-					ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
-				decided[j] = r
-				continue
-			case hasOwn && own.Status == charge.Pending:
-				in = resume
-			case hasOwn && own.Status != charge.Rejected:
-				in = settled
-			case paid[ev.OrderID]:
-				in = alreadyCharged
-			default: // a new attempt, or one more after the provider refused
-				if b, ok := busy[ev.OrderID]; ok {
-					pl.waits[j] = b // decided once that attempt is settled
-					continue
-				}
-				in = newAttempt
-				if hasOwn {
-					in = retryRejected
-				}
-				busy[ev.OrderID] = ev.ID
-			}
-			intents[j] = in
-			seen[ev.ID] = true
-			claimed = append(claimed, j)
-			entries = append(entries, dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()})
-		}
-		verdicts, err := p.dedup.Claim(ctx, tx, entries)
-		if err != nil {
-			return err
-		}
-		pl.claimed = len(entries)
-
-		var fresh []charge.Row
-		var retried []uuid.UUID
-		var settledOwn []*job
-		for n, j := range claimed {
-			ev, in, v := j.res.Event, intents[j], verdicts[n]
-			r := j.res
-			switch {
-			case v == dedup.Mismatch:
-				r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip",
-					ev.ID, entries[n].Fingerprint[:8]))
-				decided[j] = r
-				continue
-			case in == resume || in == retryRejected:
-				// A redelivery, a retry or a replay of an event whose
-				// attempt is recorded: complete it under the same key.
-				c := newCall(byEvent[ev.ID], in == resume)
-				if in == retryRejected {
-					retried = append(retried, ev.ID)
-					c.a.Status, c.a.CreatedAt = charge.Pending, p.now()
-				}
-				pl.waits[j] = ev.ID
-				pl.calls[ev.ID] = c
-				continue
-			case in == settled:
-				// Counted below when no message of the event counted it.
-				r.Outcome, r.Recorded = Duplicate, outcomeOf(byEvent[ev.ID].Status)
-				settledOwn = append(settledOwn, j)
-			case v == dedup.Seen || in == copyInBatch:
-				// Claimed before without an attempt of its own: a business
-				// duplicate then, or its attempt was settled elsewhere.
-				r.Outcome = Duplicate
-			case in == alreadyCharged:
-				r.Outcome = AlreadyCharged
-			default: // newAttempt, first seen
-				a := newAttemptOf(ev)
-				fresh = append(fresh, a)
-				pl.waits[j] = ev.ID
-				pl.calls[ev.ID] = newCall(a, false)
-				continue
-			}
-			decided[j] = r
-		}
-		if err := p.count(ctx, tx, settledOwn, decided); err != nil {
-			return err
-		}
-		if err := charge.InsertPending(ctx, tx, fresh); err != nil {
-			return err
-		}
-		if err := charge.Reopen(ctx, tx, retried); err != nil {
-			return err
-		}
-		// The failures of the events parked for a reason of their own,
-		// under their orders' locks: announced in the order recorded.
-		var failures []outbox.Outcome
-		for _, j := range announce {
-			failures = append(failures, p.failureOf(j.res))
-		}
-		for _, r := range decided {
-			if r.announced() {
-				failures = append(failures, p.failureOf(r))
-			}
-		}
-		return outbox.Record(ctx, tx, failures)
-	})
+	if err := lockOrders(ctx, c.tx, orderIDs); err != nil {
+		return err
+	}
+	eventIDs := make([]uuid.UUID, len(claiming))
+	for i, j := range claiming {
+		eventIDs[i] = j.res.Event.ID
+	}
+	rows, err := charge.ForOrders(ctx, c.tx, orderIDs, eventIDs)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	for j, r := range decided {
-		j.res = r
+	c.byEvent, c.paid, c.busy = map[uuid.UUID]charge.Row{}, map[int64]bool{}, map[int64]uuid.UUID{}
+	for _, a := range rows {
+		c.byEvent[a.EventID] = a
+		switch a.Status {
+		case charge.Succeeded:
+			c.paid[a.OrderID] = true
+		case charge.Pending:
+			c.busy[a.OrderID] = a.EventID
+			c.pl.calls[a.EventID] = newCall(a, true)
+		}
 	}
-	p.metrics.Batch.Observe(float64(pl.claimed))
-	return pl, nil
+	return nil
+}
+
+// intend decides what each event would do, in batch order, before the
+// dedup store's verdict: the first event of an order may charge it, the
+// others wait for that attempt.
+func (c *claimTx) intend(claiming []*job) {
+	c.intents = map[*job]intent{}
+	seen := map[uuid.UUID]bool{}
+	for _, j := range claiming {
+		ev := j.res.Event
+		own, hasOwn := c.byEvent[ev.ID]
+		var in intent
+		switch {
+		case seen[ev.ID]:
+			// The dedup store judges it against the first copy.
+			in = copyInBatch
+		case hasOwn && !sameRequest(own, ev):
+			r := j.res
+			r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
+				ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
+			c.decided[j] = r
+			continue
+		case hasOwn && own.Status == charge.Pending:
+			in = resume
+		case hasOwn && own.Status != charge.Rejected:
+			in = settled
+		case c.paid[ev.OrderID]:
+			in = alreadyCharged
+		default: // a new attempt, or one more after the provider refused
+			if b, ok := c.busy[ev.OrderID]; ok {
+				c.pl.waits[j] = b // decided once that attempt is settled
+				continue
+			}
+			in = newAttempt
+			if hasOwn {
+				in = retryRejected
+			}
+			c.busy[ev.OrderID] = ev.ID
+		}
+		c.intents[j] = in
+		seen[ev.ID] = true
+		c.claimed = append(c.claimed, j)
+		c.entries = append(c.entries, dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()})
+	}
+}
+
+// record acts on the dedup store's verdicts: the attempts to record,
+// resume or ask again, the events decided at once (counted when their own
+// attempt's outcome is theirs to count), and the failures to announce.
+func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce []*job) error {
+	var fresh []charge.Row
+	var retried []uuid.UUID
+	var settledOwn []*job
+	for n, j := range c.claimed {
+		ev, in, v := j.res.Event, c.intents[j], verdicts[n]
+		r := j.res
+		switch {
+		case v == dedup.Mismatch:
+			r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip",
+				ev.ID, c.entries[n].Fingerprint[:8]))
+			c.decided[j] = r
+			continue
+		case in == resume || in == retryRejected:
+			// A redelivery, a retry or a replay of an event whose
+			// attempt is recorded: complete it under the same key.
+			call := newCall(c.byEvent[ev.ID], in == resume)
+			if in == retryRejected {
+				retried = append(retried, ev.ID)
+				call.a.Status, call.a.CreatedAt = charge.Pending, c.p.now()
+			}
+			c.pl.waits[j] = ev.ID
+			c.pl.calls[ev.ID] = call
+			continue
+		case in == settled:
+			// Counted below when no message of the event counted it.
+			r.Outcome, r.Recorded = Duplicate, outcomeOf(c.byEvent[ev.ID].Status)
+			settledOwn = append(settledOwn, j)
+		case v == dedup.Seen || in == copyInBatch:
+			// Claimed before without an attempt of its own: a business
+			// duplicate then, or its attempt was settled elsewhere.
+			r.Outcome = Duplicate
+		case in == alreadyCharged:
+			r.Outcome = AlreadyCharged
+		default: // newAttempt, first seen
+			a := newAttemptOf(ev)
+			fresh = append(fresh, a)
+			c.pl.waits[j] = ev.ID
+			c.pl.calls[ev.ID] = newCall(a, false)
+			continue
+		}
+		c.decided[j] = r
+	}
+	if err := c.p.count(ctx, c.tx, settledOwn, c.decided); err != nil {
+		return err
+	}
+	if err := charge.InsertPending(ctx, c.tx, fresh); err != nil {
+		return err
+	}
+	if err := charge.Reopen(ctx, c.tx, retried); err != nil {
+		return err
+	}
+	// The failures of the events parked for a reason of their own, under
+	// their orders' locks: announced in the order recorded.
+	var failures []outbox.Outcome
+	for _, j := range announce {
+		failures = append(failures, c.p.failureOf(j.res))
+	}
+	for _, r := range c.decided {
+		if r.announced() {
+			failures = append(failures, c.p.failureOf(r))
+		}
+	}
+	return outbox.Record(ctx, c.tx, failures)
 }
 
 // failureOf is the payment.failed.v1 outcome of an event parked for a
