@@ -31,6 +31,7 @@
 package billing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,6 +43,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel/trace"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/metrics"
@@ -340,16 +342,83 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 // newJob decodes m strictly and checks its event against the horizon: a
 // job parked before any claim is an invalid message, or an event that
 // billing cannot judge (whose failure the claim records).
-// newJob checks m's event against the horizon: an event billing cannot
-// judge is parked before any claim (whose failure the claim records).
-func (p *Processor) newJob(ctx context.Context, m Message, done func(Result, error)) *job {
-	j := &job{msg: m, ctx: ctx, done: done, metrics: p.metrics}
-	j.res.Event, j.res.trace, j.res.counter = m.Event, m.Trace, p.counter(m)
-	if code, detail := p.outsideHorizon(m.Event, p.now()); code != "" {
-		j.res.park(code, detail)
+// The round: a job is claimed (claim.go); follow sends it on to the call
+// of the attempt it needs (charge.go); once that call is settled
+// (settle.go), decide finishes the job or claims it again.
+
+// follow sends the claimed jobs on: the decided ones are finished, the
+// others wait for the call of the attempt they need, and those whose
+// attempt was not recorded after all are claimed again.
+func (p *Processor) follow(ctx context.Context, jobs []*job, pl *plan) {
+	needed := map[uuid.UUID]*call{}
+	var order []*call
+	for _, j := range jobs { // batch order: the first waiting event traces the call
+		id, waits := pl.waits[j]
+		if !waits {
+			if j.res.Outcome != Pending {
+				j.finish(nil)
+			} else {
+				p.again(j) // decided in no way by this claim: claim it again
+			}
+			continue
+		}
+		c, ok := pl.calls[id]
+		if !ok {
+			p.again(j) // an attempt that was not recorded after all
+			continue
+		}
+		if _, started := needed[id]; !started {
+			needed[id] = c
+			order = append(order, c)
+			c.trace, c.ctx = j.res.trace, j.ctx
+		}
+		c.waiters = append(c.waiters, j)
+		if id == j.res.Event.ID && c.countedFor == nil {
+			c.countedFor = j // its own event's first copy counts the outcome
+		}
 	}
-	return j
+	// The pending attempts of orders whose events all decided otherwise
+	// are left to their own events and to maintenance.
+	p.skipSettled(ctx, order)
+	for _, c := range order {
+		p.start(ctx, c)
+	}
 }
+
+// decide sends on j, which waited for c, now settled.
+func (p *Processor) decide(c *call, j *job) {
+	own := c.a.EventID == j.res.Event.ID
+	switch {
+	case c.expired:
+		// Parked; the claim records its failure, under its order's lock.
+		j.res.park(reason.StaleEvent, expiredDetail(c.a, own, p.horizon.providerWindow()))
+		if !p.claims.push(j) {
+			j.finish(ErrStopped)
+		}
+	case c.a.Status == charge.Pending:
+		j.finish(cmp.Or(c.err, errUnanswered)) // still unanswered: the caller retries
+	case !own:
+		p.again(j) // the order's other attempt is settled: decide now
+	case c.a.Status == charge.Rejected:
+		detail := "the provider refused the request"
+		if c.a.LastError != nil {
+			detail = *c.a.LastError
+		}
+		j.res.park(reason.ProviderRejected, detail)
+		j.finish(nil)
+	case c.settledHere && c.counted == j:
+		j.res.Outcome = outcomeOf(c.a.Status)
+		j.finish(nil)
+	default:
+		// Settled by another worker (a copy of the event, another event
+		// of the order, maintenance), or j is a second copy: the next
+		// claim decides which message counts it.
+		p.again(j)
+	}
+}
+
+// errUnanswered: an attempt is still pending and nothing says why.
+var errUnanswered = errors.New("billing: the charge attempt is still unanswered")
 
 // again claims j once more, after the attempt it waited for was settled.
 func (p *Processor) again(j *job) {
@@ -361,6 +430,17 @@ func (p *Processor) again(j *job) {
 	if !p.claims.push(j) {
 		j.finish(ErrStopped)
 	}
+}
+
+// newJob checks m's event against the horizon: an event billing cannot
+// judge is parked before any claim (whose failure the claim records).
+func (p *Processor) newJob(ctx context.Context, m Message, done func(Result, error)) *job {
+	j := &job{msg: m, ctx: ctx, done: done, metrics: p.metrics}
+	j.res.Event, j.res.trace, j.res.counter = m.Event, m.Trace, p.counter(m)
+	if code, detail := p.outsideHorizon(m.Event, p.now()); code != "" {
+		j.res.park(code, detail)
+	}
+	return j
 }
 
 // live finishes the jobs whose caller gave up, and returns the others.

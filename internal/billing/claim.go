@@ -315,45 +315,6 @@ func (p *Processor) failureOf(r Result) outbox.Outcome {
 	return o
 }
 
-// follow sends the claimed jobs on: the decided ones are finished, the
-// others wait for the call of the attempt they need, and those whose
-// attempt was not recorded after all are claimed again.
-func (p *Processor) follow(ctx context.Context, jobs []*job, pl *plan) {
-	needed := map[uuid.UUID]*call{}
-	var order []*call
-	for _, j := range jobs { // batch order: the first waiting event traces the call
-		id, waits := pl.waits[j]
-		if !waits {
-			if j.res.Outcome != Pending {
-				j.finish(nil)
-			} else {
-				p.again(j) // decided in no way by this claim: claim it again
-			}
-			continue
-		}
-		c, ok := pl.calls[id]
-		if !ok {
-			p.again(j) // an attempt that was not recorded after all
-			continue
-		}
-		if _, started := needed[id]; !started {
-			needed[id] = c
-			order = append(order, c)
-			c.trace, c.ctx = j.res.trace, j.ctx
-		}
-		c.waiters = append(c.waiters, j)
-		if id == j.res.Event.ID && c.countedFor == nil {
-			c.countedFor = j // its own event's first copy counts the outcome
-		}
-	}
-	// The pending attempts of orders whose events all decided otherwise
-	// are left to their own events and to maintenance.
-	p.skipSettled(ctx, order)
-	for _, c := range order {
-		p.start(ctx, c)
-	}
-}
-
 // traces are the spans of jobs, for a transaction serving them.
 func traces(jobs []*job) []trace.SpanContext {
 	out := make([]trace.SpanContext, len(jobs))

@@ -1,7 +1,6 @@
 package billing
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,41 +55,6 @@ func (p *Processor) settleBatch(ctx context.Context, calls []*call) {
 		close(c.settled)
 	}
 }
-
-// decide sends on j, which waited for c, now settled.
-func (p *Processor) decide(c *call, j *job) {
-	own := c.a.EventID == j.res.Event.ID
-	switch {
-	case c.expired:
-		// Parked; the claim records its failure, under its order's lock.
-		j.res.park(reason.StaleEvent, expiredDetail(c.a, own, p.horizon.providerWindow()))
-		if !p.claims.push(j) {
-			j.finish(ErrStopped)
-		}
-	case c.a.Status == charge.Pending:
-		j.finish(cmp.Or(c.err, errUnanswered)) // still unanswered: the caller retries
-	case !own:
-		p.again(j) // the order's other attempt is settled: decide now
-	case c.a.Status == charge.Rejected:
-		detail := "the provider refused the request"
-		if c.a.LastError != nil {
-			detail = *c.a.LastError
-		}
-		j.res.park(reason.ProviderRejected, detail)
-		j.finish(nil)
-	case c.settledHere && c.counted == j:
-		j.res.Outcome = outcomeOf(c.a.Status)
-		j.finish(nil)
-	default:
-		// Settled by another worker (a copy of the event, another event
-		// of the order, maintenance), or j is a second copy: the next
-		// claim decides which message counts it.
-		p.again(j)
-	}
-}
-
-// errUnanswered: an attempt is still pending and nothing says why.
-var errUnanswered = errors.New("billing: the charge attempt is still unanswered")
 
 // settle records every answer of calls in one transaction, counts an
 // unanswered request on its attempt, and reads back what is recorded
