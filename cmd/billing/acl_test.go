@@ -15,13 +15,16 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dlq"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/wait"
 )
@@ -357,9 +360,9 @@ func callNeeding(t *testing.T, env map[string]string, client sarama.Client, acl 
 		return err
 	}
 	if acl.Name == k.DLQTopic {
-		w := dlq.NewWriter(p, k.DLQTopic, k.GroupID, 0)
+		w := dlq.NewWriter(p, k.DLQTopic, k.GroupID, 0, metrics.New(prometheus.NewRegistry()))
 		defer w.Close() // and its producer
-		_, err := w.Park(&sarama.ConsumerMessage{Topic: k.Topic, Value: []byte("{oops")}, "invalid-event: test")
+		_, err := w.Park(&sarama.ConsumerMessage{Topic: k.Topic, Value: []byte("{oops")}, reason.Reason{Code: reason.InvalidEvent, Detail: "test"})
 		return err
 	}
 	defer p.Close()

@@ -78,7 +78,7 @@ func (d *demo) countOutcomes(ctx context.Context) (outcomeCounts, error) {
 	}
 	c.distinct = len(seen)
 
-	rows, err := charge.Select(ctx, d.db, `WHERE status IN ('succeeded', 'declined')`)
+	rows, err := charge.Select(ctx, d.db, `WHERE status IN ($1, $2)`, charge.Succeeded, charge.Declined)
 	if err != nil {
 		return c, fmt.Errorf("demo: settled charges: %w", err)
 	}

@@ -59,10 +59,10 @@ func (d *demo) measure(ctx context.Context) (demoSummary, error) {
 		args []any
 	}{
 		{&s.unique, `SELECT count(*) FROM processed_event WHERE consumer_group = $1`, []any{d.kafkaCfg.GroupID}},
-		{&s.charged, `SELECT count(*) FROM charge WHERE status = 'succeeded'`, nil},
-		{&s.declined, `SELECT count(*) FROM charge WHERE status = 'declined'`, nil},
-		{&s.chargedTwiceDB, `SELECT count(*) FROM (SELECT order_id FROM charge WHERE status = 'succeeded'
-			GROUP BY order_id HAVING count(*) > 1) AS twice`, nil},
+		{&s.charged, `SELECT count(*) FROM charge WHERE status = $1`, []any{charge.Succeeded}},
+		{&s.declined, `SELECT count(*) FROM charge WHERE status = $1`, []any{charge.Declined}},
+		{&s.chargedTwiceDB, `SELECT count(*) FROM (SELECT order_id FROM charge WHERE status = $1
+			GROUP BY order_id HAVING count(*) > 1) AS twice`, []any{charge.Succeeded}},
 	}
 	for _, c := range counts {
 		if err := d.db.GetContext(ctx, c.dst, c.q, c.args...); err != nil {

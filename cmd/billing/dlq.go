@@ -8,9 +8,9 @@ import (
 	"slices"
 	"strings"
 
-	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dlq"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafkaacl"
 )
 
@@ -59,8 +59,14 @@ committed message is never republished. With --reason the default group is
 named after the reason, so that the messages passed over stay there for a
 replay of their own reason. It reads the Kafka settings as serve does.`
 
-// reasonCodes are the x-dlq-reason codes billing writes.
-var reasonCodes = []string{billing.CodeInvalidEvent, billing.CodeStaleEvent, billing.CodePayloadMismatch, billing.CodeProviderRejected}
+// reasonCodes lists the x-dlq-reason codes billing writes.
+func reasonCodes() string {
+	codes := make([]string, len(reason.Codes))
+	for i, c := range reason.Codes {
+		codes[i] = string(c)
+	}
+	return strings.Join(codes, ", ")
+}
 
 // dlqConfig is what dlq replay reads from the environment.
 type dlqConfig struct {
@@ -75,15 +81,15 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 	var cfg dlqConfig
 	fs := newFlagSet("dlq replay", about{synopsis: "[flags]", description: dlqReplayHelp, env: &cfg,
 		example: "KAFKA_BROKERS=kafka-1:9092 billing dlq replay --reason provider-rejected --dry-run"})
-	reason := fs.String("reason", "", "replay only the messages whose x-dlq-reason code is this: "+strings.Join(reasonCodes, ", ")+" (default: all)")
+	only := fs.String("reason", "", "replay only the messages whose x-dlq-reason code is this: "+reasonCodes()+" (default: all)")
 	dryRun := fs.Bool("dry-run", false, "list what would be replayed; publish and commit nothing")
 	maxN := fs.Int("max", 0, "republish at most this many messages, then stop (0: no limit); a later run goes on")
 	group := fs.String("group", "", "consumer group that tracks the replay's progress (default: <KAFKA_GROUP_ID>-dlq-replay, and -<reason> with --reason)")
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
-	if *reason != "" && !slices.Contains(reasonCodes, *reason) {
-		return fmt.Errorf("dlq replay: --reason %q is not a reason code; use one of %s", *reason, strings.Join(reasonCodes, ", "))
+	if *only != "" && !slices.Contains(reason.Codes, reason.Code(*only)) {
+		return fmt.Errorf("dlq replay: --reason %q is not a reason code; use one of %s", *only, reasonCodes())
 	}
 	if *maxN < 0 {
 		return errors.New("dlq replay: --max must not be negative")
@@ -93,8 +99,8 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 	}
 	if *group == "" {
 		*group = kafkaacl.ReplayGroupPrefix(cfg.Kafka)
-		if *reason != "" {
-			*group += "-" + *reason
+		if *only != "" {
+			*group += "-" + *only
 		}
 	}
 	if *group == cfg.Kafka.GroupID {
@@ -104,7 +110,7 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 	}
 	log := newLogger(stderr, cfg.Log)
 	log.Info("dlq replay starting", "version", version, "kafka", cfg.Kafka, "group", *group,
-		"reason", *reason, "dry_run", *dryRun, "max", *maxN)
+		"reason", *only, "dry_run", *dryRun, "max", *maxN)
 
 	verb := "replayed"
 	if *dryRun {
@@ -114,7 +120,7 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 		DLQTopic: cfg.Kafka.DLQTopic,
 		Topic:    cfg.Kafka.Topic,
 		Group:    *group,
-		Reason:   *reason,
+		Reason:   reason.Code(*only),
 		Max:      *maxN,
 		DryRun:   *dryRun,
 		OnMessage: func(r dlq.Replayed) {

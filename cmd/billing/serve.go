@@ -221,7 +221,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	if err != nil {
 		return ignoreStop(ctx, fmt.Errorf("dead-letter producer: %w", err))
 	}
-	parking := dlq.NewWriter(producer, cfg.Kafka.DLQTopic, cfg.Kafka.GroupID, sizes.dlq)
+	parking := dlq.NewWriter(producer, cfg.Kafka.DLQTopic, cfg.Kafka.GroupID, sizes.dlq, m)
 	defer parking.Close()
 
 	// --- The pipeline: payment client, processor, consumer.

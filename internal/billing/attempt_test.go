@@ -16,6 +16,7 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/payment"
@@ -218,8 +219,8 @@ func TestRecover_AttemptPastTheProviderWindowIsReportedNotRetried(t *testing.T) 
 	}
 	res := process(t, proc, value, second)
 	for i, r := range res {
-		if r.Outcome != billing.Parked || r.Code != billing.CodeStaleEvent || !strings.Contains(r.Detail, "idempotency window") {
-			t.Errorf("event %d: %v %q %q, want parked stale-event naming the window", i, r.Outcome, r.Code, r.Detail)
+		if r.Outcome != billing.Parked || r.Reason.Code != reason.StaleEvent || !strings.Contains(r.Reason.Detail, "idempotency window") {
+			t.Errorf("event %d: %v %q %q, want parked stale-event naming the window", i, r.Outcome, r.Reason.Code, r.Reason.Detail)
 		}
 	}
 	if got := f.psp.Stats().Requests; got != before {
@@ -237,7 +238,8 @@ func TestRecover_AttemptPastTheProviderWindowIsReportedNotRetried(t *testing.T) 
 func TestProcess_RetryAfterAnUnansweredCommitCountsTheOutcomeOnce(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	_, value := newEvent(t, 91, time.Now())
-	msg := []billing.Message{{ID: "g/orders/0/17", Value: value}}
+	msg := messages(value)
+	msg[0].ID = "g/orders/0/17"
 	if res, err := f.proc.Process(context.Background(), msg); err != nil || res[0].Outcome != billing.Charged {
 		t.Fatalf("first try: %v, %v", res[0].Outcome, err)
 	}
@@ -246,7 +248,8 @@ func TestProcess_RetryAfterAnUnansweredCommitCountsTheOutcomeOnce(t *testing.T) 
 	if res, _ := f.proc.Process(context.Background(), msg); res[0].Outcome != billing.Charged {
 		t.Errorf("the same message after an unanswered commit: %v, want charged", res[0].Outcome)
 	}
-	copyMsg := []billing.Message{{ID: "g/orders/1/4", Value: value}}
+	copyMsg := messages(value)
+	copyMsg[0].ID = "g/orders/1/4"
 	if res, _ := f.proc.Process(context.Background(), copyMsg); res[0].Outcome != billing.Duplicate {
 		t.Errorf("a copy in another partition: %v, want duplicate", res[0].Outcome)
 	}
@@ -265,8 +268,8 @@ func TestProcess_ReplayOfARejectedEventAsksAgain(t *testing.T) {
 	other := ev
 	other.Amount.Minor++
 	seedProviderKey(t, f, other)
-	if res := process(t, f.proc, value); res[0].Outcome != billing.Parked || res[0].Code != billing.CodeProviderRejected {
-		t.Fatalf("first: %v %q, want parked provider-rejected", res[0].Outcome, res[0].Code)
+	if res := process(t, f.proc, value); res[0].Outcome != billing.Parked || res[0].Reason.Code != reason.ProviderRejected {
+		t.Fatalf("first: %v %q, want parked provider-rejected", res[0].Outcome, res[0].Reason.Code)
 	}
 	// The operator clears the key at the provider (a fresh provider here).
 	fixed := fakepsp.New(fakepsp.Options{})

@@ -31,6 +31,7 @@
 package billing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,10 +43,11 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel/trace"
 
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 )
@@ -69,10 +71,10 @@ const (
 	// Declined: the provider declined the payment; recorded, not retried.
 	Declined
 	// Parked: the event cannot be processed as it is and belongs in the
-	// dead-letter topic; Result.Code and Result.Detail say why. Its metric
-	// label is the contract's "invalid", whatever the reason (stale,
-	// mismatched and provider-rejected events too);
-	// billing_dlq_messages_total{reason} tells them apart.
+	// dead-letter topic; Result.Reason says why. Its metric label is the
+	// contract's "invalid", whatever the reason (stale, mismatched and
+	// provider-rejected events too), counted by the dead-letter writer
+	// once parked; billing_dlq_messages_total{reason} tells them apart.
 	Parked
 )
 
@@ -95,20 +97,12 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-// Dead-letter reason codes: the stable, kebab-case start of x-dlq-reason.
-const (
-	CodeInvalidEvent     = "invalid-event"
-	CodeStaleEvent       = "stale-event"
-	CodePayloadMismatch  = "payload-mismatch"
-	CodeProviderRejected = "provider-rejected"
-)
-
-// Result is the fate of one message.
+// Result is the fate of one event.
 type Result struct {
 	Outcome Outcome
-	Code    string      // for Parked: one of the Code constants
-	Detail  string      // for Parked: the rule that failed, for a human
-	Event   order.Event // the decoded event; zero when it did not decode
+	// Reason, for Parked: its code and the rule that failed, for a human.
+	Reason reason.Reason
+	Event  order.Event
 	// Recorded is, for a Duplicate, what the charge table holds for the
 	// event itself (Charged, Declined), or Pending when it holds nothing.
 	Recorded Outcome
@@ -119,20 +113,16 @@ type Result struct {
 	counter string
 }
 
-// Reason is the dead-letter reason, "<code>: <detail>".
-func (r Result) Reason() string { return r.Code + ": " + r.Detail }
-
 // announced reports whether r is an event parked for a reason of its own
 // (stale-event, payload-mismatch), whose payment.failed.v1 outcome the
 // claim records so that the order service does not wait for it for ever
-// (a provider-rejected one's is recorded by its settle; an invalid message
-// is no event to announce).
+// (a provider-rejected one's is recorded by its settle).
 func (r Result) announced() bool {
-	return r.Outcome == Parked && r.Event.ID != uuid.Nil && (r.Code == CodeStaleEvent || r.Code == CodePayloadMismatch)
+	return r.Outcome == Parked && (r.Reason.Code == reason.StaleEvent || r.Reason.Code == reason.PayloadMismatch)
 }
 
-func (r *Result) park(code, detail string) {
-	r.Outcome, r.Code, r.Detail = Parked, code, detail
+func (r *Result) park(code reason.Code, detail string) {
+	r.Outcome, r.Reason = Parked, reason.Reason{Code: code, Detail: detail}
 }
 
 // Payer charges through the payment provider. Its errors wrap
@@ -163,7 +153,7 @@ func (h Horizon) providerWindow() time.Duration {
 	return h.ProviderWindow
 }
 
-// Message is one consumed message to settle.
+// Message is one consumed event to settle.
 type Message struct {
 	// ID names the message (consumer group, topic, partition, offset): the
 	// same for every try of it, different for another copy of its event.
@@ -171,7 +161,7 @@ type Message struct {
 	// message recorded without learning so (a commit whose answer was lost)
 	// counts it; without it, every try is a message of its own.
 	ID    string
-	Value []byte
+	Event order.Event // decoded by the consumer (order.Parse)
 	// Trace is the span of the message's processing; the transaction and
 	// payment spans hang below it.
 	Trace trace.SpanContext
@@ -238,21 +228,44 @@ func (p *Processor) WriteRefusal() error { return p.writes.Err() }
 
 // job is one message on its way through claim → charge → settle.
 type job struct {
-	msg  Message
-	res  Result
-	ctx  context.Context // the caller's: once it ends, the job goes back Pending
-	done func(Result, error)
+	msg     Message
+	res     Result
+	ctx     context.Context // the caller's: once it ends, the job goes back Pending
+	done    func(Result, error)
+	metrics *metrics.Metrics
 	// rounds counts the job's claims: an event waiting for another attempt
 	// of its order is claimed again once that attempt is settled.
 	rounds int
 }
 
-// finish hands the job's result to its caller, with why it is Pending.
+// finish hands the job's result to its caller, with why it is Pending, and
+// counts it where it was decided: a decided event by its outcome (a parked
+// one is counted by the dead-letter writer once parked), an event left
+// pending by a failure as a retry by its cause.
 func (j *job) finish(err error) {
-	if j.res.Outcome != Pending {
+	switch j.res.Outcome {
+	case Pending:
+		if err != nil && j.ctx.Err() == nil && !errors.Is(err, ErrStopped) { // not the caller giving up
+			j.metrics.Retries.WithLabelValues(retryCause(err)).Inc()
+		}
+	case Parked:
 		err = nil
+	default:
+		err = nil
+		j.metrics.Events.WithLabelValues(j.res.Outcome.String()).Inc()
+		j.metrics.EndToEnd.Observe(time.Since(j.res.Event.OccurredAt).Seconds())
 	}
 	j.done(j.res, err)
+}
+
+// retryCause labels a failure that leaves an event pending in
+// billing_retries_total: the provider's, or the database's.
+func retryCause(err error) string {
+	var te *payment.TransientError
+	if errors.As(err, &te) {
+		return "payment"
+	}
+	return "database"
 }
 
 // ErrStopped: the processor stopped (Run returned) before the event was
@@ -284,11 +297,11 @@ func (p *Processor) Run(ctx context.Context) {
 	}
 }
 
-// Submit starts m on its way and returns at once; done is called once,
-// from another goroutine, with its result: decided (charged, declined, a
-// duplicate, parked), or Pending with the reason, for the caller to retry
-// later (the retry resumes the recorded attempt under the same key).
-// Invalid events are decided here.
+// Submit starts m's event on its way and returns at once; done is called
+// once, from another goroutine, with its result: decided (charged,
+// declined, a duplicate, parked), or Pending with the reason, for the
+// caller to retry later (the retry resumes the recorded attempt under the
+// same key).
 func (p *Processor) Submit(ctx context.Context, m Message, done func(Result, error)) {
 	j := p.newJob(ctx, m, done)
 	if j.res.Outcome == Parked && !j.res.announced() {
@@ -329,20 +342,83 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 // newJob decodes m strictly and checks its event against the horizon: a
 // job parked before any claim is an invalid message, or an event that
 // billing cannot judge (whose failure the claim records).
-func (p *Processor) newJob(ctx context.Context, m Message, done func(Result, error)) *job {
-	j := &job{msg: m, ctx: ctx, done: done}
-	j.res.trace, j.res.counter = m.Trace, p.counter(m)
-	ev, err := order.Parse(m.Value)
-	if err != nil {
-		j.res.park(CodeInvalidEvent, err.Error())
-		return j
+// The round: a job is claimed (claim.go); follow sends it on to the call
+// of the attempt it needs (charge.go); once that call is settled
+// (settle.go), decide finishes the job or claims it again.
+
+// follow sends the claimed jobs on: the decided ones are finished, the
+// others wait for the call of the attempt they need, and those whose
+// attempt was not recorded after all are claimed again.
+func (p *Processor) follow(ctx context.Context, jobs []*job, pl *plan) {
+	needed := map[uuid.UUID]*call{}
+	var order []*call
+	for _, j := range jobs { // batch order: the first waiting event traces the call
+		id, waits := pl.waits[j]
+		if !waits {
+			if j.res.Outcome != Pending {
+				j.finish(nil)
+			} else {
+				p.again(j) // decided in no way by this claim: claim it again
+			}
+			continue
+		}
+		c, ok := pl.calls[id]
+		if !ok {
+			p.again(j) // an attempt that was not recorded after all
+			continue
+		}
+		if _, started := needed[id]; !started {
+			needed[id] = c
+			order = append(order, c)
+			c.trace, c.ctx = j.res.trace, j.ctx
+		}
+		c.waiters = append(c.waiters, j)
+		if id == j.res.Event.ID && c.countedFor == nil {
+			c.countedFor = j // its own event's first copy counts the outcome
+		}
 	}
-	j.res.Event = ev
-	if code, detail := p.outsideHorizon(ev, p.now()); code != "" {
-		j.res.park(code, detail)
+	// The pending attempts of orders whose events all decided otherwise
+	// are left to their own events and to maintenance.
+	p.skipSettled(ctx, order)
+	for _, c := range order {
+		p.start(ctx, c)
 	}
-	return j
 }
+
+// decide sends on j, which waited for c, now settled.
+func (p *Processor) decide(c *call, j *job) {
+	own := c.a.EventID == j.res.Event.ID
+	switch {
+	case c.expired:
+		// Parked; the claim records its failure, under its order's lock.
+		j.res.park(reason.StaleEvent, expiredDetail(c.a, own, p.horizon.providerWindow()))
+		if !p.claims.push(j) {
+			j.finish(ErrStopped)
+		}
+	case c.a.Status == charge.Pending:
+		j.finish(cmp.Or(c.err, errUnanswered)) // still unanswered: the caller retries
+	case !own:
+		p.again(j) // the order's other attempt is settled: decide now
+	case c.a.Status == charge.Rejected:
+		detail := "the provider refused the request"
+		if c.a.LastError != nil {
+			detail = *c.a.LastError
+		}
+		j.res.park(reason.ProviderRejected, detail)
+		j.finish(nil)
+	case c.settledHere && c.counted == j:
+		j.res.Outcome = outcomeOf(c.a.Status)
+		j.finish(nil)
+	default:
+		// Settled by another worker (a copy of the event, another event
+		// of the order, maintenance), or j is a second copy: the next
+		// claim decides which message counts it.
+		p.again(j)
+	}
+}
+
+// errUnanswered: an attempt is still pending and nothing says why.
+var errUnanswered = errors.New("billing: the charge attempt is still unanswered")
 
 // again claims j once more, after the attempt it waited for was settled.
 func (p *Processor) again(j *job) {
@@ -354,6 +430,17 @@ func (p *Processor) again(j *job) {
 	if !p.claims.push(j) {
 		j.finish(ErrStopped)
 	}
+}
+
+// newJob checks m's event against the horizon: an event billing cannot
+// judge is parked before any claim (whose failure the claim records).
+func (p *Processor) newJob(ctx context.Context, m Message, done func(Result, error)) *job {
+	j := &job{msg: m, ctx: ctx, done: done, metrics: p.metrics}
+	j.res.Event, j.res.trace, j.res.counter = m.Event, m.Trace, p.counter(m)
+	if code, detail := p.outsideHorizon(m.Event, p.now()); code != "" {
+		j.res.park(code, detail)
+	}
+	return j
 }
 
 // live finishes the jobs whose caller gave up, and returns the others.
@@ -396,43 +483,15 @@ func (p *Processor) counter(m Message) string {
 // store cannot judge ("" when it can): older than the retention (its
 // record may have been dropped, so a duplicate would be charged again), or
 // further in the future than the clock skew allows.
-func (p *Processor) outsideHorizon(ev order.Event, now time.Time) (code, detail string) {
+func (p *Processor) outsideHorizon(ev order.Event, now time.Time) (code reason.Code, detail string) {
 	created := ev.IDTime()
 	if horizon := now.Add(-p.horizon.Retention); created.Before(horizon) {
-		return CodeStaleEvent, fmt.Sprintf("eventId time %s is older than the dedup retention %s (horizon %s); its record may be gone, so it is not charged blindly",
+		return reason.StaleEvent, fmt.Sprintf("eventId time %s is older than the dedup retention %s (horizon %s); its record may be gone, so it is not charged blindly",
 			created.Format(time.RFC3339), p.horizon.Retention, horizon.Format(time.RFC3339))
 	}
 	if ahead := created.Sub(now); ahead > p.horizon.MaxFutureSkew {
-		return CodeInvalidEvent, fmt.Sprintf("eventId: time %s is %s ahead of this consumer's clock (more than the allowed skew %s)",
+		return reason.InvalidEvent, fmt.Sprintf("eventId: time %s is %s ahead of this consumer's clock (more than the allowed skew %s)",
 			created.Format(time.RFC3339), ahead.Round(time.Second), p.horizon.MaxFutureSkew)
 	}
 	return "", ""
-}
-
-// healPartitions parks the events of days that retention dropped (the
-// claim then records their failure), creates the missing partitions of the
-// others rather than retry forever, and reports whether it did either.
-func (p *Processor) healPartitions(ctx context.Context, jobs []*job) error {
-	droppedBefore, err := dedup.DroppedBefore(ctx, p.db)
-	if err != nil {
-		return err
-	}
-	var ids []uuid.UUID
-	for _, j := range jobs {
-		if j.res.Outcome == Parked {
-			continue
-		}
-		ev := j.res.Event
-		if partition.Day(ev.ID).Before(droppedBefore) {
-			j.res.park(CodeStaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
-				ev.IDTime().Format(time.RFC3339), droppedBefore.Format(time.DateOnly)))
-			continue
-		}
-		ids = append(ids, ev.ID)
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	p.log.Warn("processed_event has no partition for an event's day; creating it (is `billing maintain` running?)")
-	return dedup.Table.EnsureFor(ctx, p.db, ids)
 }

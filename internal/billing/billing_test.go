@@ -3,6 +3,7 @@ package billing_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -19,6 +20,7 @@ import (
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
@@ -76,10 +78,15 @@ func marshal(t *testing.T, ev order.Event) []byte {
 	return b
 }
 
+// messages decodes values as the consumer does.
 func messages(values ...[]byte) []billing.Message {
 	msgs := make([]billing.Message, len(values))
 	for i, v := range values {
-		msgs[i].Value = v
+		ev, err := order.Parse(v)
+		if err != nil {
+			panic(fmt.Sprintf("test event %q: %v", v, err))
+		}
+		msgs[i].Event = ev
 	}
 	return msgs
 }
@@ -194,16 +201,13 @@ func TestProcess_BatchSettlesEachEventInOrder(t *testing.T) {
 	first, a := newEvent(t, 11, time.Now())
 	_, b := newEvent(t, 11, time.Now()) // same order: a business duplicate of a
 	_, declined := newEvent(t, 15, time.Now())
-	res := process(t, f.proc, a, []byte("not json"), a, b, declined)
+	res := process(t, f.proc, a, a, b, declined)
 
-	want := []billing.Outcome{billing.Charged, billing.Parked, billing.Duplicate, billing.AlreadyCharged, billing.Declined}
+	want := []billing.Outcome{billing.Charged, billing.Duplicate, billing.AlreadyCharged, billing.Declined}
 	for i, r := range res {
 		if r.Outcome != want[i] {
 			t.Errorf("result %d: %v, want %v", i, r.Outcome, want[i])
 		}
-	}
-	if res[1].Code != billing.CodeInvalidEvent {
-		t.Errorf("bad JSON parked with %q", res[1].Code)
 	}
 	if res[0].Event.ID != first.ID {
 		t.Errorf("result carries event %s, want %s", res[0].Event.ID, first.ID)
@@ -227,8 +231,8 @@ func TestProcess_ProviderRejectionInABatchParksOnlyThatEvent(t *testing.T) {
 	if res[0].Outcome != billing.Charged || res[2].Outcome != billing.Charged {
 		t.Errorf("neighbours of a rejected event: %v, %v; want charged", res[0].Outcome, res[2].Outcome)
 	}
-	if res[1].Outcome != billing.Parked || res[1].Code != billing.CodeProviderRejected {
-		t.Errorf("rejected event: %v %q, want parked provider-rejected", res[1].Outcome, res[1].Code)
+	if res[1].Outcome != billing.Parked || res[1].Reason.Code != reason.ProviderRejected {
+		t.Errorf("rejected event: %v %q, want parked provider-rejected", res[1].Outcome, res[1].Reason.Code)
 	}
 	// Its first payload is pinned, and the refused attempt recorded: a
 	// later copy with another payload is a mismatch, not a new charge.
@@ -240,8 +244,8 @@ func TestProcess_ProviderRejectionInABatchParksOnlyThatEvent(t *testing.T) {
 	}
 	tampered := rejected
 	tampered.Amount.Minor += 2
-	if res := process(t, f.proc, marshal(t, tampered)); res[0].Outcome != billing.Parked || res[0].Code != billing.CodePayloadMismatch {
-		t.Errorf("a tampered copy of the rejected event: %v %q, want parked payload-mismatch", res[0].Outcome, res[0].Code)
+	if res := process(t, f.proc, marshal(t, tampered)); res[0].Outcome != billing.Parked || res[0].Reason.Code != reason.PayloadMismatch {
+		t.Errorf("a tampered copy of the rejected event: %v %q, want parked payload-mismatch", res[0].Outcome, res[0].Reason.Code)
 	}
 }
 
@@ -249,7 +253,12 @@ func TestProcess_OutageLeavesEventsPendingWithTheirAttemptsRecorded(t *testing.T
 	f := newFixture(t, fakepsp.Options{FailRate: 1})
 	_, a := newEvent(t, 1, time.Now())
 	_, b := newEvent(t, 2, time.Now())
-	res, err := f.proc.Process(context.Background(), messages(a, []byte("{"), b))
+	ahead, _ := newEvent(t, 3, time.Now())
+	var err error
+	if ahead.ID, err = order.NewIDAt(time.Now().Add(3 * time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.proc.Process(context.Background(), messages(a, marshal(t, ahead), b))
 	var te *payment.TransientError
 	if !errors.As(err, &te) {
 		t.Fatalf("err = %v, want a *payment.TransientError", err)
@@ -257,8 +266,8 @@ func TestProcess_OutageLeavesEventsPendingWithTheirAttemptsRecorded(t *testing.T
 	if res[0].Outcome != billing.Pending || res[2].Outcome != billing.Pending {
 		t.Errorf("outcomes %v %v, want pending", res[0].Outcome, res[2].Outcome)
 	}
-	if res[1].Outcome != billing.Parked {
-		t.Errorf("an invalid event waits for an outage: %v", res[1].Outcome)
+	if res[1].Outcome != billing.Parked || res[1].Reason.Code != reason.InvalidEvent {
+		t.Errorf("an invalid event waits for an outage: %v %q", res[1].Outcome, res[1].Reason)
 	}
 	// The claims and their attempts committed before the provider was
 	// asked: the recovery point the retry resumes from.
@@ -352,9 +361,9 @@ func TestProcess_AnEventTheDatabaseRefusesIsParkedNotRetried(t *testing.T) {
 	if res[0].Outcome != billing.Charged || res[2].Outcome != billing.Charged {
 		t.Errorf("neighbours of a refused event: %v, %v; want charged", res[0].Outcome, res[2].Outcome)
 	}
-	if res[1].Outcome != billing.Parked || res[1].Code != billing.CodeInvalidEvent ||
-		!strings.Contains(res[1].Reason(), "no_order_13") || !strings.Contains(res[1].Reason(), "23514") {
-		t.Errorf("refused event: %v %q, want parked invalid-event naming the constraint and SQLSTATE 23514", res[1].Outcome, res[1].Reason())
+	if res[1].Outcome != billing.Parked || res[1].Reason.Code != reason.InvalidEvent ||
+		!strings.Contains(res[1].Reason.String(), "no_order_13") || !strings.Contains(res[1].Reason.String(), "23514") {
+		t.Errorf("refused event: %v %q, want parked invalid-event naming the constraint and SQLSTATE 23514", res[1].Outcome, res[1].Reason.String())
 	}
 	if got := f.psp.Stats().Requests; got != 2 {
 		t.Errorf("%d provider requests, want 2: the refused event must not be charged", got)
@@ -369,10 +378,10 @@ func TestProcess_EventsOutsideTheDedupHorizonAreParked(t *testing.T) {
 	cases := []struct {
 		name     string
 		at       time.Time
-		wantCode string
+		wantCode reason.Code
 	}{
-		{"ErrStale_OlderThanRetention", time.Now().Add(-8 * 24 * time.Hour), billing.CodeStaleEvent},
-		{"ErrFuture_BeyondSkew", time.Now().Add(3 * time.Hour), billing.CodeInvalidEvent},
+		{"ErrStale_OlderThanRetention", time.Now().Add(-8 * 24 * time.Hour), reason.StaleEvent},
+		{"ErrFuture_BeyondSkew", time.Now().Add(3 * time.Hour), reason.InvalidEvent},
 		{"OK_JustInsideRetention", time.Now().Add(-6 * 24 * time.Hour), ""},
 		{"OK_WithinSkew", time.Now().Add(30 * time.Minute), ""},
 	}
@@ -388,12 +397,12 @@ func TestProcess_EventsOutsideTheDedupHorizonAreParked(t *testing.T) {
 			res := process(t, f.proc, marshal(t, ev))
 			if c.wantCode == "" {
 				if res[0].Outcome != billing.Charged {
-					t.Fatalf("outcome %v %q, want charged", res[0].Outcome, res[0].Reason())
+					t.Fatalf("outcome %v %q, want charged", res[0].Outcome, res[0].Reason.String())
 				}
 				return
 			}
-			if res[0].Outcome != billing.Parked || res[0].Code != c.wantCode {
-				t.Fatalf("outcome %v %q, want parked %s", res[0].Outcome, res[0].Code, c.wantCode)
+			if res[0].Outcome != billing.Parked || res[0].Reason.Code != c.wantCode {
+				t.Fatalf("outcome %v %q, want parked %s", res[0].Outcome, res[0].Reason.Code, c.wantCode)
 			}
 			if f.psp.Stats().Requests != before {
 				t.Errorf("a parked event reached the provider")
@@ -411,11 +420,11 @@ func TestProcess_SameIDWithAnotherPayloadIsParkedUncharged(t *testing.T) {
 	tampered.Amount.Minor = 1
 	before := f.psp.Stats().Requests
 	res := process(t, f.proc, marshal(t, tampered))
-	if res[0].Outcome != billing.Parked || res[0].Code != billing.CodePayloadMismatch {
-		t.Fatalf("outcome %v %q, want parked payload-mismatch", res[0].Outcome, res[0].Code)
+	if res[0].Outcome != billing.Parked || res[0].Reason.Code != reason.PayloadMismatch {
+		t.Fatalf("outcome %v %q, want parked payload-mismatch", res[0].Outcome, res[0].Reason.Code)
 	}
-	if !strings.Contains(res[0].Detail, ev.ID.String()) {
-		t.Errorf("detail %q does not name the event id", res[0].Detail)
+	if !strings.Contains(res[0].Reason.Detail, ev.ID.String()) {
+		t.Errorf("detail %q does not name the event id", res[0].Reason.Detail)
 	}
 	if f.psp.Stats().Requests != before {
 		t.Errorf("a tampered event reached the provider")
@@ -478,8 +487,8 @@ func TestProcess_EventOfADroppedDayIsParkedNotChargedAgain(t *testing.T) {
 	ev, _ := newEvent(t, 31, time.Now())
 	ev.ID = id
 	res := process(t, f.proc, marshal(t, ev))
-	if res[0].Outcome != billing.Parked || res[0].Code != billing.CodeStaleEvent {
-		t.Fatalf("outcome %v %q, want parked stale-event", res[0].Outcome, res[0].Code)
+	if res[0].Outcome != billing.Parked || res[0].Reason.Code != reason.StaleEvent {
+		t.Fatalf("outcome %v %q, want parked stale-event", res[0].Outcome, res[0].Reason.Code)
 	}
 	if f.psp.Stats().Requests != 0 {
 		t.Errorf("an event of a dropped day reached the provider")

@@ -3,12 +3,10 @@ package billing
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
-	"github.com/lib/pq"
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/charge"
@@ -16,31 +14,28 @@ import (
 	"example.com/billing/internal/payment"
 )
 
-// attempt is one row of the charge table, a provider request and what is
-// known of its outcome, with what billing does with it.
-type attempt struct{ charge.Row }
-
-func newAttemptOf(ev order.Event) attempt {
-	return attempt{charge.Row{EventID: ev.ID, OrderID: ev.OrderID, CustomerID: ev.CustomerID,
-		Amount: ev.Amount.Minor, Currency: ev.Amount.Currency, Status: charge.Pending, CreatedAt: time.Now()}}
+// newAttemptOf is the pending charge attempt of ev.
+func newAttemptOf(ev order.Event) charge.Row {
+	return charge.Row{EventID: ev.ID, OrderID: ev.OrderID, CustomerID: ev.CustomerID,
+		Amount: ev.Amount.Minor, Currency: ev.Amount.Currency, Status: charge.Pending, CreatedAt: time.Now()}
 }
 
-// request is the provider request of the attempt: the same bytes whoever
+// request is the provider request of attempt a: the same bytes whoever
 // sends it, so that the provider recognises a repeat.
-func (a attempt) request() payment.Request {
+func request(a charge.Row) payment.Request {
 	return payment.Request{IdempotencyKey: a.EventID.String(), OrderID: a.OrderID,
 		CustomerID: a.CustomerID, Amount: a.Amount, Currency: a.Currency}
 }
 
 // sameRequest reports whether ev asks for the charge a records.
-func (a attempt) sameRequest(ev order.Event) bool {
+func sameRequest(a charge.Row, ev order.Event) bool {
 	return a.OrderID == ev.OrderID && a.CustomerID == ev.CustomerID &&
 		a.Amount == ev.Amount.Minor && a.Currency == ev.Amount.Currency
 }
 
-// outcome is the event outcome a settled attempt stands for.
-func (a attempt) outcome() Outcome {
-	switch a.Status {
+// outcomeOf is the event outcome an attempt's status stands for.
+func outcomeOf(status string) Outcome {
+	switch status {
 	case charge.Succeeded:
 		return Charged
 	case charge.Declined:
@@ -54,7 +49,7 @@ func (a attempt) outcome() Outcome {
 // call is one attempt this process completes: phase 2's request and
 // answer, then what phase 3 recorded, and the events waiting for it.
 type call struct {
-	a     attempt
+	a     charge.Row
 	trace trace.SpanContext // of the first event waiting for it
 	// ctx is the first waiting event's (or maintenance's): once it ends,
 	// the request is not sent, or cancelled in flight, and the attempt
@@ -84,7 +79,7 @@ type call struct {
 	settled chan struct{}
 }
 
-func newCall(a attempt, fromRow bool) *call {
+func newCall(a charge.Row, fromRow bool) *call {
 	return &call{a: a, fromRow: fromRow, settled: make(chan struct{})}
 }
 
@@ -110,7 +105,7 @@ func (p *Processor) start(ctx context.Context, c *call) bool {
 	default:
 		c.sent = true
 		go func() {
-			c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(cmp.Or(c.ctx, ctx), c.trace), c.a.request())
+			c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(cmp.Or(c.ctx, ctx), c.trace), request(c.a))
 			p.toSettle(c)
 		}()
 		return true
@@ -166,49 +161,27 @@ func (p *Processor) abandon(c *call, err error) {
 // of the provider's rate limit for nothing. (A race that slips between
 // this check and the request is still safe: same key, same body.)
 func (p *Processor) skipSettled(ctx context.Context, calls []*call) {
-	var ids pq.StringArray
+	var ids []uuid.UUID
 	byID := map[uuid.UUID]*call{}
 	for _, c := range calls {
 		if c.fromRow {
-			ids = append(ids, c.a.EventID.String())
+			ids = append(ids, c.a.EventID)
 			byID[c.a.EventID] = c
 		}
 	}
 	if len(ids) == 0 {
 		return
 	}
-	var settled []struct {
-		EventID uuid.UUID `db:"event_id"`
-		Status  string    `db:"status"`
-	}
-	const q = `SELECT event_id, status FROM charge WHERE event_id = ANY($1::uuid[]) AND status <> 'pending'`
-	if err := p.db.SelectContext(ctx, &settled, q, ids); err != nil {
+	settled, err := charge.Settled(ctx, p.db, ids)
+	if err != nil {
 		return // ask the provider: it knows
 	}
-	for _, s := range settled {
-		byID[s.EventID].a.Status = s.Status
+	for id, status := range settled {
+		byID[id].a.Status = status
 	}
 }
 
-// RetryFor tells how a caller should retry an event Process or Submit left
-// Pending with err: the cause, as billing_retries_total labels it
-// (payment or database), and the least wait (a provider's Retry-After).
-func RetryFor(err error) Retry {
-	var te *payment.TransientError
-	if errors.As(err, &te) {
-		return Retry{Cause: "payment", After: te.RetryAfter}
-	}
-	return Retry{Cause: "database"}
-}
-
-// Retry is what a Pending result asks of its caller before it tries the
-// event again.
-type Retry struct {
-	Cause string
-	After time.Duration
-}
-
-func expiredDetail(a attempt, own bool, window time.Duration) string {
+func expiredDetail(a charge.Row, own bool, window time.Duration) string {
 	whose := "its charge attempt"
 	if !own {
 		whose = fmt.Sprintf("order %d has a charge attempt (event %s)", a.OrderID, a.EventID)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
@@ -13,7 +14,7 @@ import (
 
 	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dedup"
-	"example.com/billing/internal/order"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/tracing"
 )
@@ -58,13 +59,18 @@ func (p *Processor) claimBatch(ctx context.Context, jobs []*job) {
 		return
 	}
 	pl, err := p.claim(ctx, jobs)
-	if dedup.Table.IsMissing(err) {
-		// An event's day has no partition: retention dropped it (the event
-		// cannot be judged) or maintenance has not created it (yet). The
-		// claim rolled back; decide, create, and claim again.
-		if err = p.healPartitions(ctx, jobs); err == nil {
-			pl, err = p.claim(ctx, jobs)
+	var dropped *droppedError
+	if errors.As(err, &dropped) {
+		// Retention dropped these events' days: they cannot be judged.
+		// The claim rolled back; park them (the next claim records their
+		// failure) and claim again.
+		for _, j := range jobs {
+			if j.res.Outcome == Pending && slices.Contains(dropped.ids, j.res.Event.ID) {
+				j.res.park(reason.StaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
+					j.res.Event.IDTime().Format(time.RFC3339), dropped.before.Format(time.DateOnly)))
+			}
 		}
+		pl, err = p.claim(ctx, jobs)
 	}
 	var refused *refusedError
 	switch {
@@ -77,7 +83,7 @@ func (p *Processor) claimBatch(ctx context.Context, jobs []*job) {
 		}
 		return
 	case errors.As(refusal(err), &refused):
-		jobs[0].res.park(CodeInvalidEvent, refused.Error())
+		jobs[0].res.park(reason.InvalidEvent, refused.Error())
 		jobs[0].finish(nil)
 		return
 	default:
@@ -96,220 +102,217 @@ func (p *Processor) claimBatch(ctx context.Context, jobs []*job) {
 // reason of their own, and returns the plan. Events it decides at once
 // (duplicates, business duplicates, mismatches) get their Result.
 func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
+	var c *claimTx
+	err := p.inTx(ctx, "claim", traces(jobs), func(tx *sqlx.Tx) error {
+		c = &claimTx{p: p, tx: tx, jobs: jobs, decided: map[*job]Result{},
+			pl: &plan{calls: map[uuid.UUID]*call{}, waits: map[*job]uuid.UUID{}}}
+		return c.run(ctx)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for j, r := range c.decided {
+		j.res = r
+	}
+	p.metrics.Batch.Observe(float64(c.pl.claimed))
+	return c.pl, nil
+}
+
+// claimTx is one claim transaction's work: what the orders' attempts are,
+// what each event means to do, and what the claim decided.
+type claimTx struct {
+	p    *Processor
+	tx   *sqlx.Tx
+	jobs []*job
+
+	byEvent map[uuid.UUID]charge.Row // the attempts read, by event
+	paid    map[int64]bool           // orders with a succeeded attempt
+	busy    map[int64]uuid.UUID      // order → the attempt this claim completes for it
+
+	claimed []*job // the events recorded in the dedup store, in batch order
+	intents map[*job]intent
+	entries []dedup.Entry // claimed's, in the same order
+
+	decided map[*job]Result
+	pl      *plan
+}
+
+func (c *claimTx) run(ctx context.Context) error {
 	var claiming, announce []*job
-	for _, j := range jobs {
+	for _, j := range c.jobs {
 		if j.res.Outcome == Parked {
 			announce = append(announce, j)
 		} else {
 			claiming = append(claiming, j)
 		}
 	}
-	events := make([]order.Event, 0, len(claiming))
-	orderIDs := make([]int64, 0, len(jobs))
-	for _, j := range jobs {
-		orderIDs = append(orderIDs, j.res.Event.OrderID)
+	if err := c.lockAndRead(ctx, claiming); err != nil {
+		return err
 	}
-	for _, j := range claiming {
-		events = append(events, j.res.Event)
+	c.intend(claiming)
+	verdicts, err := c.p.dedup.Claim(ctx, c.tx, c.entries)
+	if err != nil {
+		return err
+	}
+	c.pl.claimed = len(c.entries)
+	return c.record(ctx, verdicts, announce)
+}
+
+// lockAndRead takes the advisory locks of every job's order, in key order,
+// and then reads the orders' attempts and those of the claiming events:
+// after the locks, so that under READ COMMITTED this sees what the locks'
+// last holders committed.
+func (c *claimTx) lockAndRead(ctx context.Context, claiming []*job) error {
+	orderIDs := make([]int64, 0, len(c.jobs))
+	for _, j := range c.jobs {
+		orderIDs = append(orderIDs, j.res.Event.OrderID)
 	}
 	slices.Sort(orderIDs)
 	orderIDs = slices.Compact(orderIDs)
-
-	var pl *plan
-	decided := map[*job]Result{}
-	err := p.inTxWithOutbox(ctx, "claim", traces(jobs), func(tx *sqlx.Tx) error {
-		pl = &plan{calls: map[uuid.UUID]*call{}, waits: map[*job]uuid.UUID{}}
-		clear(decided)
-		if err := lockOrders(ctx, tx, orderIDs); err != nil {
-			return err
-		}
-		// After the locks, so that under READ COMMITTED this statement
-		// sees what the locks' last holders committed.
-		rows, err := selectAttempts(ctx, tx, orderIDs, events)
-		if err != nil {
-			return err
-		}
-		byEvent := map[uuid.UUID]attempt{}
-		paid := map[int64]bool{}
-		busy := map[int64]uuid.UUID{} // order → the attempt this claim completes for it
-		for _, a := range rows {
-			byEvent[a.EventID] = a
-			switch a.Status {
-			case charge.Succeeded:
-				paid[a.OrderID] = true
-			case charge.Pending:
-				busy[a.OrderID] = a.EventID
-				pl.calls[a.EventID] = newCall(a, true)
-			}
-		}
-
-		// What each event would do, in batch order: the first event of an
-		// order may charge it, the others wait for that attempt.
-		var entries []dedup.Entry
-		var claimed []*job
-		intents := map[*job]intent{}
-		seen := map[uuid.UUID]bool{}
-		for _, j := range claiming {
-			ev := j.res.Event
-			own, hasOwn := byEvent[ev.ID]
-			var in intent
-			switch {
-			case seen[ev.ID]:
-				// The dedup store judges it against the first copy.
-				in = copyInBatch
-			case hasOwn && !own.sameRequest(ev):
-				r := j.res
-				r.park(CodePayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
-					ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
-				decided[j] = r
-				continue
-			case hasOwn && own.Status == charge.Pending:
-				in = resume
-			case hasOwn && own.Status != charge.Rejected:
-				in = settled
-			case paid[ev.OrderID]:
-				in = alreadyCharged
-			default: // a new attempt, or one more after the provider refused
-				if b, ok := busy[ev.OrderID]; ok {
-					pl.waits[j] = b // decided once that attempt is settled
-					continue
-				}
-				in = newAttempt
-				if hasOwn {
-					in = retryRejected
-				}
-				busy[ev.OrderID] = ev.ID
-			}
-			intents[j] = in
-			seen[ev.ID] = true
-			claimed = append(claimed, j)
-			entries = append(entries, dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()})
-		}
-		verdicts, err := p.dedup.Claim(ctx, tx, entries)
-		if err != nil {
-			return err
-		}
-		pl.claimed = len(entries)
-
-		var fresh []attempt
-		var retried []uuid.UUID
-		var settledOwn []*job
-		for n, j := range claimed {
-			ev, in, v := j.res.Event, intents[j], verdicts[n]
-			r := j.res
-			switch {
-			case v == dedup.Mismatch:
-				r.park(CodePayloadMismatch, fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip",
-					ev.ID, entries[n].Fingerprint[:8]))
-				decided[j] = r
-				continue
-			case in == resume || in == retryRejected:
-				// A redelivery, a retry or a replay of an event whose
-				// attempt is recorded: complete it under the same key.
-				c := newCall(byEvent[ev.ID], in == resume)
-				if in == retryRejected {
-					retried = append(retried, ev.ID)
-					c.a.Status, c.a.CreatedAt = charge.Pending, p.now()
-				}
-				pl.waits[j] = ev.ID
-				pl.calls[ev.ID] = c
-				continue
-			case in == settled:
-				// Counted below when no message of the event counted it.
-				r.Outcome, r.Recorded = Duplicate, byEvent[ev.ID].outcome()
-				settledOwn = append(settledOwn, j)
-			case v == dedup.Seen || in == copyInBatch:
-				// Claimed before without an attempt of its own: a business
-				// duplicate then, or its attempt was settled elsewhere.
-				r.Outcome = Duplicate
-			case in == alreadyCharged:
-				r.Outcome = AlreadyCharged
-			default: // newAttempt, first seen
-				a := newAttemptOf(ev)
-				fresh = append(fresh, a)
-				pl.waits[j] = ev.ID
-				pl.calls[ev.ID] = newCall(a, false)
-				continue
-			}
-			decided[j] = r
-		}
-		if err := p.count(ctx, tx, settledOwn, decided); err != nil {
-			return err
-		}
-		if err := insertAttempts(ctx, tx, fresh); err != nil {
-			return err
-		}
-		if err := reopenRejected(ctx, tx, retried); err != nil {
-			return err
-		}
-		// The failures of the events parked for a reason of their own,
-		// under their orders' locks: announced in the order recorded.
-		var failures []outbox.Outcome
-		for _, j := range announce {
-			failures = append(failures, p.failureOf(j.res))
-		}
-		for _, r := range decided {
-			if r.announced() {
-				failures = append(failures, p.failureOf(r))
-			}
-		}
-		return outbox.Record(ctx, tx, failures)
-	})
+	if err := lockOrders(ctx, c.tx, orderIDs); err != nil {
+		return err
+	}
+	eventIDs := make([]uuid.UUID, len(claiming))
+	for i, j := range claiming {
+		eventIDs[i] = j.res.Event.ID
+	}
+	rows, err := charge.ForOrders(ctx, c.tx, orderIDs, eventIDs)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	for j, r := range decided {
-		j.res = r
+	c.byEvent, c.paid, c.busy = map[uuid.UUID]charge.Row{}, map[int64]bool{}, map[int64]uuid.UUID{}
+	for _, a := range rows {
+		c.byEvent[a.EventID] = a
+		switch a.Status {
+		case charge.Succeeded:
+			c.paid[a.OrderID] = true
+		case charge.Pending:
+			c.busy[a.OrderID] = a.EventID
+			c.pl.calls[a.EventID] = newCall(a, true)
+		}
 	}
-	p.metrics.Batch.Observe(float64(pl.claimed))
-	return pl, nil
+	return nil
+}
+
+// intend decides what each event would do, in batch order, before the
+// dedup store's verdict: the first event of an order may charge it, the
+// others wait for that attempt.
+func (c *claimTx) intend(claiming []*job) {
+	c.intents = map[*job]intent{}
+	seen := map[uuid.UUID]bool{}
+	for _, j := range claiming {
+		ev := j.res.Event
+		own, hasOwn := c.byEvent[ev.ID]
+		var in intent
+		switch {
+		case seen[ev.ID]:
+			// The dedup store judges it against the first copy.
+			in = copyInBatch
+		case hasOwn && !sameRequest(own, ev):
+			r := j.res
+			r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
+				ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
+			c.decided[j] = r
+			continue
+		case hasOwn && own.Status == charge.Pending:
+			in = resume
+		case hasOwn && own.Status != charge.Rejected:
+			in = settled
+		case c.paid[ev.OrderID]:
+			in = alreadyCharged
+		default: // a new attempt, or one more after the provider refused
+			if b, ok := c.busy[ev.OrderID]; ok {
+				c.pl.waits[j] = b // decided once that attempt is settled
+				continue
+			}
+			in = newAttempt
+			if hasOwn {
+				in = retryRejected
+			}
+			c.busy[ev.OrderID] = ev.ID
+		}
+		c.intents[j] = in
+		seen[ev.ID] = true
+		c.claimed = append(c.claimed, j)
+		c.entries = append(c.entries, dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()})
+	}
+}
+
+// record acts on the dedup store's verdicts: the attempts to record,
+// resume or ask again, the events decided at once (counted when their own
+// attempt's outcome is theirs to count), and the failures to announce.
+func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce []*job) error {
+	var fresh []charge.Row
+	var retried []uuid.UUID
+	var settledOwn []*job
+	for n, j := range c.claimed {
+		ev, in, v := j.res.Event, c.intents[j], verdicts[n]
+		r := j.res
+		switch {
+		case v == dedup.Mismatch:
+			r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip",
+				ev.ID, c.entries[n].Fingerprint[:8]))
+			c.decided[j] = r
+			continue
+		case in == resume || in == retryRejected:
+			// A redelivery, a retry or a replay of an event whose
+			// attempt is recorded: complete it under the same key.
+			call := newCall(c.byEvent[ev.ID], in == resume)
+			if in == retryRejected {
+				retried = append(retried, ev.ID)
+				call.a.Status, call.a.CreatedAt = charge.Pending, c.p.now()
+			}
+			c.pl.waits[j] = ev.ID
+			c.pl.calls[ev.ID] = call
+			continue
+		case in == settled:
+			// Counted below when no message of the event counted it.
+			r.Outcome, r.Recorded = Duplicate, outcomeOf(c.byEvent[ev.ID].Status)
+			settledOwn = append(settledOwn, j)
+		case v == dedup.Seen || in == copyInBatch:
+			// Claimed before without an attempt of its own: a business
+			// duplicate then, or its attempt was settled elsewhere.
+			r.Outcome = Duplicate
+		case in == alreadyCharged:
+			r.Outcome = AlreadyCharged
+		default: // newAttempt, first seen
+			a := newAttemptOf(ev)
+			fresh = append(fresh, a)
+			c.pl.waits[j] = ev.ID
+			c.pl.calls[ev.ID] = newCall(a, false)
+			continue
+		}
+		c.decided[j] = r
+	}
+	if err := c.p.count(ctx, c.tx, settledOwn, c.decided); err != nil {
+		return err
+	}
+	if err := charge.InsertPending(ctx, c.tx, fresh); err != nil {
+		return err
+	}
+	if err := charge.Reopen(ctx, c.tx, retried); err != nil {
+		return err
+	}
+	// The failures of the events parked for a reason of their own, under
+	// their orders' locks: announced in the order recorded.
+	var failures []outbox.Outcome
+	for _, j := range announce {
+		failures = append(failures, c.p.failureOf(j.res))
+	}
+	for _, r := range c.decided {
+		if r.announced() {
+			failures = append(failures, c.p.failureOf(r))
+		}
+	}
+	return outbox.Record(ctx, c.tx, failures)
 }
 
 // failureOf is the payment.failed.v1 outcome of an event parked for a
 // reason of its own.
 func (p *Processor) failureOf(r Result) outbox.Outcome {
-	o := outbox.NewOutcome(outbox.Failed, r.Event, r.Code, p.now())
+	o := outbox.NewOutcome(outbox.Failed, r.Event, string(r.Reason.Code), p.now())
 	o.Traceparent = tracing.Traceparent(r.trace)
 	return o
-}
-
-// follow sends the claimed jobs on: the decided ones are finished, the
-// others wait for the call of the attempt they need, and those whose
-// attempt was not recorded after all are claimed again.
-func (p *Processor) follow(ctx context.Context, jobs []*job, pl *plan) {
-	needed := map[uuid.UUID]*call{}
-	var order []*call
-	for _, j := range jobs { // batch order: the first waiting event traces the call
-		id, waits := pl.waits[j]
-		if !waits {
-			if j.res.Outcome != Pending {
-				j.finish(nil)
-			} else {
-				p.again(j) // decided in no way by this claim: claim it again
-			}
-			continue
-		}
-		c, ok := pl.calls[id]
-		if !ok {
-			p.again(j) // an attempt that was not recorded after all
-			continue
-		}
-		if _, started := needed[id]; !started {
-			needed[id] = c
-			order = append(order, c)
-			c.trace, c.ctx = j.res.trace, j.ctx
-		}
-		c.waiters = append(c.waiters, j)
-		if id == j.res.Event.ID && c.countedFor == nil {
-			c.countedFor = j // its own event's first copy counts the outcome
-		}
-	}
-	// The pending attempts of orders whose events all decided otherwise
-	// are left to their own events and to maintenance.
-	p.skipSettled(ctx, order)
-	for _, c := range order {
-		p.start(ctx, c)
-	}
 }
 
 // traces are the spans of jobs, for a transaction serving them.
@@ -332,13 +335,8 @@ func (p *Processor) count(ctx context.Context, tx *sqlx.Tx, jobs []*job, decided
 	if len(jobs) == 0 {
 		return nil
 	}
-	const q = `
-UPDATE charge AS c SET counted_by = u.counter
-FROM unnest($1::uuid[], $2::text[]) AS u(id, counter)
-WHERE c.event_id = u.id AND c.status IN ('succeeded', 'declined')
-  AND (c.counted_by IS NULL OR c.counted_by = u.counter)
-RETURNING c.event_id, c.counted_by`
-	var ids, counters pq.StringArray
+	var ids []uuid.UUID
+	var counters []string
 	seen := map[uuid.UUID]bool{}
 	for _, j := range jobs {
 		id := j.res.Event.ID
@@ -346,19 +344,12 @@ RETURNING c.event_id, c.counted_by`
 			continue // a second copy in the batch is a duplicate
 		}
 		seen[id] = true
-		ids = append(ids, id.String())
+		ids = append(ids, id)
 		counters = append(counters, j.res.counter)
 	}
-	var counted []struct {
-		EventID uuid.UUID `db:"event_id"`
-		Counter string    `db:"counted_by"`
-	}
-	if err := tx.SelectContext(ctx, &counted, q, ids, counters); err != nil {
-		return fmt.Errorf("count settled charge attempts: %w", err)
-	}
-	byEvent := map[uuid.UUID]string{}
-	for _, c := range counted {
-		byEvent[c.EventID] = c.Counter
+	byEvent, err := charge.Count(ctx, tx, ids, counters)
+	if err != nil {
+		return err
 	}
 	for _, j := range jobs {
 		r := decided[j]
@@ -381,64 +372,6 @@ FROM (SELECT DISTINCT hashint8(id) AS h FROM unnest($2::int8[]) AS id) AS keys
 ORDER BY h`
 	if _, err := tx.ExecContext(ctx, q, orderLockSpace, pq.Int64Array(orderIDs)); err != nil {
 		return fmt.Errorf("lock orders: %w", err)
-	}
-	return nil
-}
-
-// selectAttempts reads the attempts of orderIDs and those of the events
-// themselves (an event id recorded for another order is a mismatch).
-func selectAttempts(ctx context.Context, tx *sqlx.Tx, orderIDs []int64, events []order.Event) ([]attempt, error) {
-	const q = `SELECT ` + charge.Columns + ` FROM charge WHERE order_id = ANY($1::int8[]) OR event_id = ANY($2::uuid[])`
-	ids := make(pq.StringArray, len(events))
-	for i, ev := range events {
-		ids[i] = ev.ID.String()
-	}
-	var rows []attempt
-	if err := tx.SelectContext(ctx, &rows, q, pq.Int64Array(orderIDs), ids); err != nil {
-		return nil, fmt.Errorf("select charge attempts: %w", err)
-	}
-	return rows, nil
-}
-
-// insertAttempts records new pending attempts, one statement for the batch.
-func insertAttempts(ctx context.Context, tx *sqlx.Tx, as []attempt) error {
-	if len(as) == 0 {
-		return nil
-	}
-	const q = `
-INSERT INTO charge (event_id, order_id, customer_id, amount_minor, currency, status)
-SELECT e, o, c, a, cur, 'pending'
-FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::text[]) AS t(e, o, c, a, cur)`
-	var ids, currencies pq.StringArray
-	var orders, customers, amounts pq.Int64Array
-	for _, a := range as {
-		ids = append(ids, a.EventID.String())
-		orders = append(orders, a.OrderID)
-		customers = append(customers, a.CustomerID)
-		amounts = append(amounts, a.Amount)
-		currencies = append(currencies, a.Currency)
-	}
-	if _, err := tx.ExecContext(ctx, q, ids, orders, customers, amounts, currencies); err != nil {
-		return fmt.Errorf("insert charge attempts: %w", err)
-	}
-	return nil
-}
-
-// reopenRejected makes refused attempts pending again, as new attempts: the
-// provider charged nothing under them, so the idempotency window starts now.
-func reopenRejected(ctx context.Context, tx *sqlx.Tx, ids []uuid.UUID) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	const q = `
-UPDATE charge SET status = 'pending', settled_at = NULL, created_at = now(), updated_at = now()
-WHERE event_id = ANY($1::uuid[]) AND status = 'rejected'`
-	texts := make(pq.StringArray, len(ids))
-	for i, id := range ids {
-		texts[i] = id.String()
-	}
-	if _, err := tx.ExecContext(ctx, q, texts); err != nil {
-		return fmt.Errorf("reopen refused charge attempts: %w", err)
 	}
 	return nil
 }

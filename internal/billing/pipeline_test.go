@@ -26,7 +26,7 @@ func submitted(t *testing.T, p *billing.Processor, values ...[]byte) func() []bi
 	var wg sync.WaitGroup
 	wg.Add(len(values))
 	for i, v := range values {
-		p.Submit(context.Background(), billing.Message{Value: v}, func(r billing.Result, _ error) {
+		p.Submit(context.Background(), messages(v)[0], func(r billing.Result, _ error) {
 			results[i] = r
 			wg.Done()
 		})
@@ -189,7 +189,7 @@ func TestRun_StoppingWithAFullQueueAnswersEveryEvent(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(events)
 	for i, v := range values {
-		proc.Submit(ctx, billing.Message{Value: v}, func(r billing.Result, err error) {
+		proc.Submit(ctx, messages(v)[0], func(r billing.Result, err error) {
 			mu.Lock()
 			defer mu.Unlock()
 			if _, twice := answered[i]; twice {
@@ -253,7 +253,7 @@ func TestSubmit_NoChargeIsSentOnceItsEventsContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	answers := make(chan error, 2)
 	for _, v := range [][]byte{first, second} {
-		proc.Submit(ctx, billing.Message{Value: v}, func(r billing.Result, err error) {
+		proc.Submit(ctx, messages(v)[0], func(r billing.Result, err error) {
 			if r.Outcome != billing.Pending {
 				t.Errorf("an event whose context ended: %v, want pending", r.Outcome)
 			}

@@ -61,7 +61,7 @@ WHERE event_id IN (
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
 RETURNING ` + charge.Columns
-	var taken []attempt
+	var taken []charge.Row
 	err = p.inTx(ctx, "recover", nil, func(tx *sqlx.Tx) error {
 		taken = taken[:0]
 		return tx.SelectContext(ctx, &taken, take, idle.Seconds(), window.Seconds(), recoverBatch)
@@ -84,7 +84,7 @@ RETURNING ` + charge.Columns
 	var wg sync.WaitGroup
 	for _, c := range calls {
 		c.sent = true
-		wg.Go(func() { c.charge, c.err = p.payer.Charge(ctx, c.a.request()) })
+		wg.Go(func() { c.charge, c.err = p.payer.Charge(ctx, request(c.a)) })
 	}
 	wg.Wait()
 	// Settled here rather than by the writers: maintain runs no writers.

@@ -1,23 +1,25 @@
 package billing
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/charge"
+	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
+	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/tracing"
@@ -54,41 +56,6 @@ func (p *Processor) settleBatch(ctx context.Context, calls []*call) {
 	}
 }
 
-// decide sends on j, which waited for c, now settled.
-func (p *Processor) decide(c *call, j *job) {
-	own := c.a.EventID == j.res.Event.ID
-	switch {
-	case c.expired:
-		// Parked; the claim records its failure, under its order's lock.
-		j.res.park(CodeStaleEvent, expiredDetail(c.a, own, p.horizon.providerWindow()))
-		if !p.claims.push(j) {
-			j.finish(ErrStopped)
-		}
-	case c.a.Status == charge.Pending:
-		j.finish(cmp.Or(c.err, errUnanswered)) // still unanswered: the caller retries
-	case !own:
-		p.again(j) // the order's other attempt is settled: decide now
-	case c.a.Status == charge.Rejected:
-		detail := "the provider refused the request"
-		if c.a.LastError != nil {
-			detail = *c.a.LastError
-		}
-		j.res.park(CodeProviderRejected, detail)
-		j.finish(nil)
-	case c.settledHere && c.counted == j:
-		j.res.Outcome = c.a.outcome()
-		j.finish(nil)
-	default:
-		// Settled by another worker (a copy of the event, another event
-		// of the order, maintenance), or j is a second copy: the next
-		// claim decides which message counts it.
-		p.again(j)
-	}
-}
-
-// errUnanswered: an attempt is still pending and nothing says why.
-var errUnanswered = errors.New("billing: the charge attempt is still unanswered")
-
 // settle records every answer of calls in one transaction, counts an
 // unanswered request on its attempt, and reads back what is recorded
 // (another worker may have settled an attempt first; the provider gave it
@@ -97,79 +64,53 @@ var errUnanswered = errors.New("billing: the charge attempt is still unanswered"
 // waits for it (charge.counted_by), and for nobody otherwise: the event's
 // message counts it when it comes.
 func (p *Processor) settle(ctx context.Context, calls []*call) error {
-	const update = `
-UPDATE charge AS c SET
-    status             = u.status,
-    provider_charge_id = NULLIF(u.provider_id, ''),
-    settled_at         = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
-    updated_at         = now(),
-    requests           = c.requests + 1,
-    last_error         = NULLIF(u.err, ''),
-    counted_by         = CASE WHEN u.status = 'pending' THEN NULL ELSE NULLIF(u.counted_by, '') END
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, status, provider_id, err, counted_by)
-WHERE c.event_id = u.id AND c.status = 'pending'
-RETURNING c.event_id, c.status`
-	const reread = `SELECT ` + charge.Columns + ` FROM charge WHERE event_id = ANY($1::uuid[])`
-
 	byID := make(map[uuid.UUID]*call, len(calls))
-	var ids, statuses, providerIDs, errs, countedBy, all pq.StringArray
+	var answers []charge.Answer
+	var all []uuid.UUID
 	var spans []trace.SpanContext
 	for _, c := range calls {
 		byID[c.a.EventID] = c
-		all = append(all, c.a.EventID.String())
+		all = append(all, c.a.EventID)
 		spans = append(spans, c.trace)
 		if !c.sent {
 			continue
 		}
-		var counted string
-		if c.counted != nil {
-			counted = c.counted.res.counter
-		}
-		countedBy = append(countedBy, counted)
-		status, errText := charge.Pending, ""
+		a := charge.Answer{EventID: c.a.EventID, Status: charge.Pending, ProviderChargeID: c.charge.ID}
 		switch {
 		case c.err == nil:
-			status = charge.Succeeded
+			a.Status = charge.Succeeded
 		case errors.Is(c.err, payment.ErrDeclined):
-			status, errText = charge.Declined, c.err.Error()
+			a.Status, a.Err = charge.Declined, c.err.Error()
 		case errors.Is(c.err, payment.ErrRejected):
-			status, errText = charge.Rejected, c.err.Error()
+			a.Status, a.Err = charge.Rejected, c.err.Error()
 		default:
-			errText = c.err.Error()
+			a.Err = c.err.Error()
 		}
-		ids = append(ids, c.a.EventID.String())
-		statuses = append(statuses, status)
-		providerIDs = append(providerIDs, c.charge.ID)
-		errs = append(errs, errText)
+		if c.counted != nil && a.Status != charge.Pending {
+			a.CountedBy = c.counted.res.counter
+		}
+		answers = append(answers, a)
 	}
-	var recorded []attempt
-	var changed []struct {
-		EventID uuid.UUID `db:"event_id"`
-		Status  string    `db:"status"`
-	}
-	err := p.inTxWithOutbox(ctx, "settle", spans, func(tx *sqlx.Tx) error {
-		changed = changed[:0]
-		if len(ids) > 0 {
-			if err := tx.SelectContext(ctx, &changed, update, ids, statuses, providerIDs, errs, countedBy); err != nil {
-				return fmt.Errorf("settle charge attempts: %w", err)
-			}
+	var recorded []charge.Row
+	var changed map[uuid.UUID]string
+	err := p.inTx(ctx, "settle", spans, func(tx *sqlx.Tx) error {
+		var err error
+		if changed, err = charge.Settle(ctx, tx, answers); err != nil {
+			return err
 		}
 		// The outcome is announced with the settle that records it, once:
 		// only this transaction moved these attempts out of pending.
 		var outcomes []outbox.Outcome
-		for _, ch := range changed {
-			if ch.Status == charge.Pending {
-				continue
+		for id, status := range changed {
+			if status != charge.Pending {
+				outcomes = append(outcomes, p.outcomeOf(byID[id], status))
 			}
-			outcomes = append(outcomes, p.outcomeOf(byID[ch.EventID], ch.Status))
 		}
 		if err := outbox.Record(ctx, tx, outcomes); err != nil {
 			return err
 		}
-		if err := tx.SelectContext(ctx, &recorded, reread, all); err != nil {
-			return fmt.Errorf("read settled charge attempts: %w", err)
-		}
-		return nil
+		recorded, err = charge.Get(ctx, tx, all)
+		return err
 	})
 	if err != nil {
 		return err
@@ -179,8 +120,8 @@ RETURNING c.event_id, c.status`
 			c.a = a
 		}
 	}
-	for _, ch := range changed {
-		if c, ok := byID[ch.EventID]; ok && ch.Status != charge.Pending {
+	for id, status := range changed {
+		if c, ok := byID[id]; ok && status != charge.Pending {
 			c.settledHere = true
 		}
 	}
@@ -194,11 +135,11 @@ func (p *Processor) outcomeOf(c *call, status string) outbox.Outcome {
 	ev := order.Event{ID: a.EventID, OrderID: a.OrderID, CustomerID: a.CustomerID,
 		Amount: order.Money{Minor: a.Amount, Currency: a.Currency}}
 	typ := map[string]string{charge.Succeeded: outbox.Succeeded, charge.Declined: outbox.Declined, charge.Rejected: outbox.Failed}[status]
-	var reason string
+	var why string
 	if status == charge.Rejected {
-		reason = CodeProviderRejected
+		why = string(reason.ProviderRejected)
 	}
-	o := outbox.NewOutcome(typ, ev, reason, p.now())
+	o := outbox.NewOutcome(typ, ev, why, p.now())
 	switch status {
 	case charge.Succeeded:
 		o.ProviderChargeID = c.charge.ID
@@ -213,25 +154,62 @@ func (p *Processor) outcomeOf(c *call, status string) outbox.Outcome {
 	return o
 }
 
-// inTxWithOutbox is inTx for a transaction that records outcomes: when the
-// outbox has no partition for today yet (maintenance has not run), it
-// creates it and runs the transaction once more.
-func (p *Processor) inTxWithOutbox(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
-	err := p.inTx(ctx, phase, spans, fn)
-	var missing *outbox.MissingPartitionError
+// inTx runs fn in a transaction of phase, traced below the events' spans and
+// timed in billing_db_transaction_seconds. When a row fell on a day whose
+// partition does not exist (maintenance has not run; a late event), it
+// creates the partitions and runs fn once more: every write of the
+// pipeline heals that one way.
+func (p *Processor) inTx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
+	err := p.tx(ctx, phase, spans, fn)
+	var missing *partition.MissingError
 	if !errors.As(err, &missing) {
 		return err
 	}
-	p.log.Warn("the outbox has no partition for today; creating it (is maintenance running?)")
-	if err := outbox.Table.EnsureFor(ctx, p.db, missing.IDs); err != nil {
+	if err := p.createPartitions(ctx, missing); err != nil {
 		return err
 	}
-	return p.inTx(ctx, phase, spans, fn)
+	return p.tx(ctx, phase, spans, fn)
 }
 
-// inTx runs fn in a transaction of phase, traced below the events' spans and
-// timed in billing_db_transaction_seconds.
-func (p *Processor) inTx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
+// createPartitions creates the partitions missing's rows need. A day of
+// processed_event that retention dropped is not created again: an event of
+// that day could be a duplicate whose record is gone, and the claim parks
+// it (droppedError).
+func (p *Processor) createPartitions(ctx context.Context, missing *partition.MissingError) error {
+	ids := missing.IDs
+	if missing.Table == dedup.Table {
+		droppedBefore, err := dedup.DroppedBefore(ctx, p.db)
+		if err != nil {
+			return err
+		}
+		dropped := &droppedError{before: droppedBefore}
+		ids = slices.DeleteFunc(slices.Clone(ids), func(id uuid.UUID) bool {
+			if partition.Day(id).Before(droppedBefore) {
+				dropped.ids = append(dropped.ids, id)
+				return true
+			}
+			return false
+		})
+		if len(dropped.ids) > 0 {
+			return dropped
+		}
+	}
+	p.log.Warn("a table has no partition for a row's day; creating it (is `billing maintain` running?)", "table", missing.Table)
+	return missing.Table.EnsureFor(ctx, p.db, ids)
+}
+
+// droppedError: events fall on days whose dedup records retention dropped.
+type droppedError struct {
+	ids    []uuid.UUID
+	before time.Time // the store remembers from this day on
+}
+
+func (e *droppedError) Error() string {
+	return fmt.Sprintf("%d events fall on days whose dedup records were dropped (before %s)", len(e.ids), e.before.Format(time.DateOnly))
+}
+
+// tx runs fn in one transaction of phase, traced and timed.
+func (p *Processor) tx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
 	links := make([]trace.Link, 0, len(spans))
 	for _, sc := range spans {
 		links = append(links, trace.Link{SpanContext: sc})

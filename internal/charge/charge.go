@@ -1,8 +1,9 @@
-// Package charge owns the charge table's row: one payment request to the
+// Package charge owns the charge table: its row (one payment request to the
 // provider, keyed by the event that asked for it, and what is known of its
-// outcome. billing writes the rows (claim, charge, settle); reconcile, the
-// demo and the chaos suite read them with this same struct and these same
-// columns, so that a column added to the table is added in one place.
+// outcome), its statuses, and its statements (store.go). billing writes the
+// rows through them (claim, charge, settle); reconcile, the demo and the
+// chaos suite read them with this same struct and these same columns, so
+// that a column or a status is changed in one place.
 package charge
 
 import (

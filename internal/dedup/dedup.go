@@ -76,7 +76,8 @@ func NewStore(group string) *Store {
 }
 
 // Claim records entries as processed inside tx and returns a verdict for
-// each, in order. An id that appears twice in entries is First once, then
+// each, in order. When an entry's day has no partition it returns a
+// *partition.MissingError. An id that appears twice in entries is First once, then
 // Seen or Mismatch.
 //
 // The insert uses ON CONFLICT DO NOTHING on the primary key and RETURNING to
@@ -100,7 +101,11 @@ RETURNING event_id`
 	}
 	inserted, err := queryIDs(ctx, tx, q, ids, fps, s.group, ClaimProtocol)
 	if err != nil {
-		return nil, fmt.Errorf("insert processed_event: %w", err)
+		keys := make([]uuid.UUID, len(entries))
+		for i, e := range entries {
+			keys[i] = e.ID
+		}
+		return nil, Table.Missing(fmt.Errorf("insert processed_event: %w", err), keys)
 	}
 
 	// Every copy of an id this claim inserted is judged against the copy

@@ -1,7 +1,8 @@
 // Package dlq owns the dead-letter topic: parking a message that cannot be
-// processed as it is (Writer, its headers and reason codes), and replaying
-// parked messages once what made them fail is fixed (Replay, `billing dlq
-// replay`). Package kafka's consumer parks through a Writer.
+// processed as it is (Writer and its headers; the reasons are in package
+// reason), and replaying parked messages once what made them fail is fixed
+// (Replay, `billing dlq replay`). Package kafka's consumer parks through a
+// Writer, which counts what it parked.
 package dlq
 
 import (
@@ -17,8 +18,10 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkaacl"
+	"example.com/billing/internal/metrics"
 )
 
 // Dead-letter headers: why a message was parked and where it came from.
@@ -37,11 +40,6 @@ const (
 	HeaderOriginalSize   = "x-original-size"
 	HeaderOriginalSHA256 = "x-original-sha256"
 )
-
-// CodeOversize is the reason code of a message parked as a reference: it
-// was too large for the dead-letter topic even compressed. Its
-// x-dlq-reason keeps the reason it was parked for after the code.
-const CodeOversize = "oversize"
 
 // maxReason bounds x-dlq-reason: it is for a human, and must not make a
 // parked message larger than the topic accepts.
@@ -80,6 +78,7 @@ type Writer struct {
 	// uncompressed size.
 	maxRecord, maxWhole int
 	zstd                *zstd.Encoder // estimates the compressed size, as sarama compresses
+	metrics             *metrics.Metrics
 	closeOnce           sync.Once
 	closeErr            error
 }
@@ -87,8 +86,9 @@ type Writer struct {
 // NewWriter returns a Writer that writes to topic through producer, which must be
 // idempotent, wait for all in-sync replicas and compress with zstd
 // (ProducerConfig). maxRecordBytes is the topic's max.message.bytes
-// (DescribeTopic); 0 assumes DefaultMaxRecordBytes.
-func NewWriter(producer sarama.SyncProducer, topic, group string, maxRecordBytes int) *Writer {
+// (DescribeTopic); 0 assumes DefaultMaxRecordBytes. It counts what it
+// parked in m.
+func NewWriter(producer sarama.SyncProducer, topic, group string, maxRecordBytes int, m *metrics.Metrics) *Writer {
 	if maxRecordBytes <= 0 {
 		maxRecordBytes = DefaultMaxRecordBytes
 	}
@@ -97,29 +97,46 @@ func NewWriter(producer sarama.SyncProducer, topic, group string, maxRecordBytes
 		panic(err) // only for invalid options, which these are not
 	}
 	return &Writer{producer: producer, topic: topic, group: group,
-		maxRecord: maxRecordBytes, maxWhole: maxMessageBytes, zstd: enc}
+		maxRecord: maxRecordBytes, maxWhole: maxMessageBytes, zstd: enc, metrics: m}
 }
 
 // Park writes m to the dead-letter topic and returns once the broker
-// acknowledged it, with the reason code it was parked under: reason's, or
-// CodeOversize when only a reference fits. Key, value and the original
-// headers (trace context among them) are kept; dead-letter headers of an
-// earlier parking are replaced.
-func (d *Writer) Park(m *sarama.ConsumerMessage, reason string) (string, error) {
+// acknowledged it, with the reason it was parked under: why's, or an
+// Oversize one that says why when only a reference fits. Key, value and
+// the original headers (trace context among them) are kept; dead-letter
+// headers of an earlier parking are replaced.
+//
+// The message is counted once parked, as billing_events_total's
+// outcome "invalid" and in billing_dlq_messages_total by code; a write the
+// broker refused is counted as a retry (cause dlq): the caller tries again
+// later, never skips it.
+func (d *Writer) Park(m *sarama.ConsumerMessage, why reason.Reason) (reason.Reason, error) {
+	parked, err := d.park(m, why)
+	if err != nil {
+		d.metrics.Retries.WithLabelValues("dlq").Inc()
+		return parked, err
+	}
+	d.metrics.Events.WithLabelValues(metrics.OutcomeInvalid).Inc()
+	d.metrics.DLQ.WithLabelValues(string(parked.Code)).Inc()
+	return parked, nil
+}
+
+func (d *Writer) park(m *sarama.ConsumerMessage, why reason.Reason) (reason.Reason, error) {
 	if d.fits(m) {
-		_, _, err := d.producer.SendMessage(d.whole(m, reason))
+		_, _, err := d.producer.SendMessage(d.whole(m, why))
 		if err == nil {
-			return ReasonCode(reason), nil
+			return why, nil
 		}
 		if !tooLarge(err) {
-			return "", fmt.Errorf("park %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, d.denied(err))
+			return why, fmt.Errorf("park %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, d.denied(err))
 		}
 		// The estimate was short: the broker's answer is what counts.
 	}
-	if _, _, err := d.producer.SendMessage(d.reference(m, reason)); err != nil {
-		return "", fmt.Errorf("park a reference to %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, d.denied(err))
+	ref := d.referenceReason(m, why)
+	if _, _, err := d.producer.SendMessage(d.reference(m, ref)); err != nil {
+		return why, fmt.Errorf("park a reference to %s/%d@%d in %s: %w", m.Topic, m.Partition, m.Offset, d.topic, d.denied(err))
 	}
-	return CodeOversize, nil
+	return ref, nil
 }
 
 // denied names the ACL a refused write lacked.
@@ -142,25 +159,30 @@ func (d *Writer) fits(m *sarama.ConsumerMessage) bool {
 }
 
 // whole is m as it is, with the dead-letter headers.
-func (d *Writer) whole(m *sarama.ConsumerMessage, reason string) *sarama.ProducerMessage {
-	msg := &sarama.ProducerMessage{Topic: d.topic, Headers: d.headers(m, m.Headers, reason), Timestamp: m.Timestamp}
+func (d *Writer) whole(m *sarama.ConsumerMessage, why reason.Reason) *sarama.ProducerMessage {
+	msg := &sarama.ProducerMessage{Topic: d.topic, Headers: d.headers(m, m.Headers, why), Timestamp: m.Timestamp}
 	setBody(msg, m.Key, m.Value)
 	return msg
 }
 
+// referenceReason is the reason of a reference to m, parked for why.
+func (d *Writer) referenceReason(m *sarama.ConsumerMessage, why reason.Reason) reason.Reason {
+	return reason.Reason{Code: reason.Oversize, Detail: fmt.Sprintf("the message (%d bytes) exceeds the dead-letter topic's max.message.bytes (%d) even compressed: parked as a reference; `billing dlq replay` republishes the original from %s/%d@%d while that topic retains it. Parked for: %s",
+		len(m.Key)+len(m.Value)+headersSize(m.Headers), d.maxRecord, m.Topic, m.Partition, m.Offset, why)}
+}
+
 // reference is a record that stands for m: the dead-letter headers with
-// reason code oversize, the original's size and SHA-256, and the first
-// referencePrefix bytes of its value. Key and original headers are kept
-// when they are small, as they are in every message billing can decode.
-func (d *Writer) reference(m *sarama.ConsumerMessage, reason string) *sarama.ProducerMessage {
+// ref (reason code oversize), the original's size and SHA-256, and the
+// first referencePrefix bytes of its value. Key and original headers are
+// kept when they are small, as they are in every message billing can
+// decode.
+func (d *Writer) reference(m *sarama.ConsumerMessage, ref reason.Reason) *sarama.ProducerMessage {
 	sum := sha256.Sum256(m.Value)
-	detail := fmt.Sprintf("%s: the message (%d bytes) exceeds the dead-letter topic's max.message.bytes (%d) even compressed: parked as a reference; `billing dlq replay` republishes the original from %s/%d@%d while that topic retains it. Parked for: %s",
-		CodeOversize, len(m.Key)+len(m.Value)+headersSize(m.Headers), d.maxRecord, m.Topic, m.Partition, m.Offset, reason)
 	var original []*sarama.RecordHeader
 	if headersSize(m.Headers) <= referencePrefix {
 		original = m.Headers
 	}
-	headers := append(d.headers(m, original, detail),
+	headers := append(d.headers(m, original, ref),
 		sarama.RecordHeader{Key: []byte(HeaderOriginalSize), Value: []byte(strconv.Itoa(len(m.Value)))},
 		sarama.RecordHeader{Key: []byte(HeaderOriginalSHA256), Value: []byte(hex.EncodeToString(sum[:]))},
 	)
@@ -174,12 +196,13 @@ func (d *Writer) reference(m *sarama.ConsumerMessage, reason string) *sarama.Pro
 
 // headers are the original headers without dead-letter ones of an earlier
 // parking, then the contract's dead-letter headers.
-func (d *Writer) headers(m *sarama.ConsumerMessage, original []*sarama.RecordHeader, reason string) []sarama.RecordHeader {
-	if len(reason) > maxReason {
-		reason = strings.ToValidUTF8(reason[:maxReason], "")
+func (d *Writer) headers(m *sarama.ConsumerMessage, original []*sarama.RecordHeader, why reason.Reason) []sarama.RecordHeader {
+	text := why.String()
+	if len(text) > maxReason {
+		text = strings.ToValidUTF8(text[:maxReason], "")
 	}
 	return append(keptHeaders(original, isDLQHeader, 7),
-		sarama.RecordHeader{Key: []byte(HeaderReason), Value: []byte(reason)},
+		sarama.RecordHeader{Key: []byte(HeaderReason), Value: []byte(text)},
 		sarama.RecordHeader{Key: []byte(HeaderOriginalTopic), Value: []byte(m.Topic)},
 		sarama.RecordHeader{Key: []byte(HeaderOriginalPartition), Value: []byte(strconv.FormatInt(int64(m.Partition), 10))},
 		sarama.RecordHeader{Key: []byte(HeaderOriginalOffset), Value: []byte(strconv.FormatInt(m.Offset, 10))},

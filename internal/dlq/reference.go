@@ -14,13 +14,14 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafka"
 )
 
 // isReference reports whether m stands for an original too large to park
 // (Writer.Park's reference).
 func isReference(m *sarama.ConsumerMessage) bool {
-	return ReasonCode(kafka.Header(m.Headers, HeaderReason)) == CodeOversize && kafka.Header(m.Headers, HeaderOriginalSHA256) != ""
+	return reason.Parse(kafka.Header(m.Headers, HeaderReason)).Code == reason.Oversize && kafka.Header(m.Headers, HeaderOriginalSHA256) != ""
 }
 
 // goneError says why a reference's original cannot be fetched back.

@@ -15,6 +15,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkaacl"
 )
@@ -70,7 +71,7 @@ type ReplayOptions struct {
 	// Reason, when set, replays only the messages whose x-dlq-reason code
 	// (the part before ": ") equals it; the others are passed over and, in
 	// Group, counted as done.
-	Reason string
+	Reason reason.Code
 	// Max, when > 0, is the most messages republished; the run stops at
 	// the first matching message beyond it, which a later run replays.
 	Max int
@@ -237,7 +238,7 @@ const (
 func (r *replayer) judge(m *sarama.ConsumerMessage) verdict {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.opts.Reason != "" && ReasonCode(kafka.Header(m.Headers, HeaderReason)) != r.opts.Reason {
+	if r.opts.Reason != "" && reason.Parse(kafka.Header(m.Headers, HeaderReason)).Code != r.opts.Reason {
 		r.skipped++
 		return replaySkip
 	}
@@ -273,13 +274,6 @@ func (r *replayer) report(d Replayed) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.opts.OnMessage(d)
-}
-
-// ReasonCode is the stable code at the start of an x-dlq-reason value, e.g.
-// "provider-rejected" of "provider-rejected: idempotency key reused".
-func ReasonCode(reason string) string {
-	code, _, _ := strings.Cut(reason, ":")
-	return strings.TrimSpace(code)
 }
 
 // destination is where m goes back to: x-original-topic (or opts.Topic) and

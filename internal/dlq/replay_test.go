@@ -12,11 +12,14 @@ import (
 	"testing"
 
 	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dlq"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/metrics"
 )
 
 // replayWorld is a broker with the order topic and its DLQ, and a client
@@ -40,7 +43,7 @@ func newReplayWorld(t *testing.T, partitions int32) *replayWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.dlq = dlq.NewWriter(producer, b.DLQTopic, b.Group, 0)
+	w.dlq = dlq.NewWriter(producer, b.DLQTopic, b.Group, 0, metrics.New(prometheus.NewRegistry()))
 	t.Cleanup(func() { w.dlq.Close() })
 	return w
 }
@@ -77,7 +80,7 @@ func (w *replayWorld) park(ps ...parked) []*sarama.ConsumerMessage {
 		for _, m := range originals {
 			if m.Partition == p.msg.Partition && bytes.Equal(m.Key, p.msg.Key) && !slices.Contains(out, m) {
 				out = append(out, m)
-				if _, err := w.dlq.Park(m, p.reason); err != nil {
+				if _, err := w.dlq.Park(m, reason.Parse(p.reason)); err != nil {
 					w.t.Fatal(err)
 				}
 				break
@@ -332,15 +335,18 @@ func TestReplay_ConcurrentRunsRepublishEachOnce(t *testing.T) {
 	}
 }
 
-func TestReasonCode(t *testing.T) {
-	for in, want := range map[string]string{
-		"provider-rejected: key reused": "provider-rejected",
-		"invalid-event":                 "invalid-event",
-		" stale-event : x: y":           "stale-event",
-		"":                              "",
+func TestReasonParse(t *testing.T) {
+	for in, want := range map[string]reason.Reason{
+		"provider-rejected: key reused": {Code: reason.ProviderRejected, Detail: "key reused"},
+		"invalid-event":                 {Code: reason.InvalidEvent},
+		" stale-event : x: y":           {Code: reason.StaleEvent, Detail: "x: y"},
+		"":                              {},
 	} {
-		if got := dlq.ReasonCode(in); got != want {
-			t.Errorf("ReasonCode(%q) = %q, want %q", in, got, want)
+		if got := reason.Parse(in); got != want {
+			t.Errorf("Parse(%q) = %+v, want %+v", in, got, want)
 		}
+	}
+	if got := (reason.Reason{Code: reason.Oversize, Detail: "a: b"}).String(); got != "oversize: a: b" {
+		t.Errorf("String() = %q", got)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/billing"
+	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/metrics"
 )
@@ -31,10 +32,10 @@ type Processor interface {
 }
 
 // Parker parks a message in the dead-letter topic (package dlq): it
-// returns once the broker acknowledged it, with the reason code it was
-// parked under. Close fails a Park in progress.
+// returns once the broker acknowledged it, with the reason it was parked
+// under. Close fails a Park in progress.
 type Parker interface {
-	Park(m *sarama.ConsumerMessage, reason string) (code string, err error)
+	Park(m *sarama.ConsumerMessage, why reason.Reason) (reason.Reason, error)
 	Close() error
 }
 

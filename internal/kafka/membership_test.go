@@ -32,7 +32,7 @@ func TestConsumer_AMemberCutOffFromTheBrokersStartsNoNewWork(t *testing.T) {
 	const total = 300
 	var msgs []kafkatest.Message
 	for i := range total {
-		msgs = append(msgs, kafkatest.Message{Key: []byte(strconv.Itoa(i)), Value: []byte("v" + strconv.Itoa(i))})
+		msgs = append(msgs, kafkatest.Message{Key: []byte(strconv.Itoa(i)), Value: event("v" + strconv.Itoa(i))})
 	}
 	kafkatest.Produce(t, client, b.Topic, msgs...)
 
@@ -43,7 +43,7 @@ func TestConsumer_AMemberCutOffFromTheBrokersStartsNoNewWork(t *testing.T) {
 	starts := &startLog{proc: rec}
 	net := &forwardingDialer{t: t, to: map[string]*net.TCPAddr{}}
 	const session = 6 * time.Second
-	m := startMemberWith(t, b, starts, options(), "", func(cfg *sarama.Config) {
+	m := startMemberWith(t, b, starts, nil, options(), "", func(cfg *sarama.Config) {
 		cfg.Net.Proxy.Enable, cfg.Net.Proxy.Dialer = true, net
 		cfg.Consumer.Group.Session.Timeout = session
 	})

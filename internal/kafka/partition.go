@@ -8,6 +8,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -21,6 +22,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/billing"
+	"example.com/billing/internal/dlq/reason"
+	"example.com/billing/internal/order"
 	"example.com/billing/internal/tracing"
 )
 
@@ -69,13 +72,18 @@ type key struct {
 	timer   *time.Timer
 }
 
-// message is a record taken off a claim, with the time it was taken and the
-// span of its processing.
+// message is a record taken off a claim, with the time it was taken, the
+// span of its processing and its event.
 type message struct {
 	msg   *sarama.ConsumerMessage
 	taken time.Time
 	span  trace.Span
 	size  int64 // key and value bytes, counted in Consumer.bytes until finished
+	// event is the record's order.confirmed.v1 event (order.Parse), or
+	// invalid says why it is none: the message goes to the dead-letter
+	// topic without reaching billing.
+	event   order.Event
+	invalid error
 }
 
 // sizeOf is what a message counts against MaxInFlightBytes.
@@ -230,6 +238,7 @@ func (p *partition) take(w waiting) {
 	size := sizeOf(m)
 	p.c.bytes.Add(size)
 	msg := &message{msg: m, taken: w.read, span: span, size: size}
+	msg.event, msg.invalid = order.Parse(m.Value)
 
 	name := string(m.Key)
 	k, ok := p.keys[name]
@@ -254,10 +263,14 @@ func (p *partition) start(k *key) {
 		p.held = append(p.held, k)
 		return
 	}
+	m := k.msgs[0]
+	if m.invalid != nil {
+		p.park(k, billing.Result{Outcome: billing.Parked, Reason: reason.Reason{Code: reason.InvalidEvent, Detail: m.invalid.Error()}})
+		return
+	}
 	k.busy = true
 	p.inFlight++
-	m := k.msgs[0]
-	msg := billing.Message{Value: m.msg.Value, Trace: m.span.SpanContext(), ID: p.messageID(m.msg)}
+	msg := billing.Message{Event: m.event, Trace: m.span.SpanContext(), ID: p.messageID(m.msg)}
 	p.c.proc.Submit(p.leasedWork(), msg, func(r billing.Result, err error) {
 		p.inbox.post(answer{m: m, res: r, err: err})
 	})
@@ -302,12 +315,11 @@ func (p *partition) handle(a answer, draining bool) {
 	k.busy = false
 	switch {
 	case a.parked && a.err != nil:
-		p.retry(k, a.err, "dlq", billing.Retry{}, draining)
+		p.retry(k, a.err, draining)
 	case a.parked:
 		p.done(k, a.res)
 	case a.res.Outcome == billing.Pending:
-		retry := billing.RetryFor(a.err)
-		p.retry(k, a.err, retry.Cause, retry, draining)
+		p.retry(k, a.err, draining)
 	case a.res.Outcome == billing.Parked:
 		p.park(k, a.res)
 	default:
@@ -316,16 +328,15 @@ func (p *partition) handle(a answer, draining bool) {
 }
 
 // park writes k's message to the dead-letter topic, on a goroutine of its
-// own: the broker's acknowledgement comes back as an answer.
+// own: the broker's acknowledgement comes back as an answer, with the
+// reason it was parked under (an oversize one when only a reference fit).
 func (p *partition) park(k *key, r billing.Result) {
 	k.busy = true
 	p.inFlight++
 	m := k.msgs[0]
 	go func() {
-		code, err := p.c.dlq.Park(m.msg, r.Reason())
-		if err == nil && code != r.Code { // parked as a reference: say so, and why it was parked
-			r.Code, r.Detail = code, r.Reason()
-		}
+		parked, err := p.c.dlq.Park(m.msg, r.Reason)
+		r.Reason = parked
 		p.inbox.post(answer{m: m, res: r, err: err, parked: true})
 	}()
 }
@@ -348,10 +359,17 @@ func (p *partition) done(k *key, r billing.Result) {
 	p.start(k)
 }
 
+// retryAfter is what an error that leaves a message to retry may say: the
+// least wait (a payment provider's Retry-After).
+type retryAfter interface {
+	error
+	RetryAfter() time.Duration
+}
+
 // retry sets k aside until its message is tried again, with exponential
-// backoff and jitter (at least the provider's Retry-After); its later
+// backoff and jitter (at least the Retry-After err carries); its later
 // messages wait behind it. The other keys go on.
-func (p *partition) retry(k *key, err error, cause string, hint billing.Retry, draining bool) {
+func (p *partition) retry(k *key, err error, draining bool) {
 	if draining {
 		return // given up with the rest when the drain ends
 	}
@@ -360,18 +378,20 @@ func (p *partition) retry(k *key, err error, cause string, hint billing.Retry, d
 		k.retry.InitialInterval = 100 * time.Millisecond
 		k.retry.MaxInterval = 5 * time.Second
 	}
-	wait := max(k.retry.NextBackOff(), hint.After)
+	wait := k.retry.NextBackOff()
+	if ra, ok := errors.AsType[retryAfter](err); ok {
+		wait = max(wait, ra.RetryAfter())
+	}
 	if !k.waiting {
 		k.waiting = true
 		p.c.metrics.Retrying.Add(float64(len(k.msgs)))
 	}
 	k.timer = time.AfterFunc(wait, func() { p.inbox.post(answer{due: k}) })
-	p.c.metrics.Retries.WithLabelValues(cause).Inc()
 	p.retried++
 	if now := time.Now(); now.Sub(p.lastWarn) >= time.Second {
 		p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
 			"offset", k.msgs[0].msg.Offset, "trace_id", traceID(k.msgs[0].span), "messages", p.retried,
-			"keys_waiting", p.waitingKeys(), "cause", cause, "retry_in", wait, "err", err)
+			"keys_waiting", p.waitingKeys(), "retry_in", wait, "err", err)
 		p.retried, p.lastWarn = 0, now
 	}
 }
@@ -426,29 +446,24 @@ func (p *partition) drain() {
 	p.waiting = nil // never taken: neither counted nor marked
 }
 
-// finish counts a finished message, marks what became committable and
-// frees its in-flight slot.
+// finish marks what became committable once m is finished with r (billing
+// counted its outcome where it decided it, the dead-letter writer a parked
+// one), ends its span and frees its in-flight slot.
 func (p *partition) finish(m *message, r billing.Result) {
-	now := time.Now()
-	p.c.metrics.Events.WithLabelValues(r.Outcome.String()).Inc()
-	p.c.metrics.Processing.Observe(now.Sub(m.taken).Seconds())
-	if !r.Event.OccurredAt.IsZero() {
-		p.c.metrics.EndToEnd.Observe(now.Sub(r.Event.OccurredAt).Seconds())
-	}
+	p.c.metrics.Processing.Observe(time.Since(m.taken).Seconds())
 	if r.Outcome == billing.Parked {
-		p.c.metrics.DLQ.WithLabelValues(r.Code).Inc()
-		p.c.log.Warn("message parked in dead-letter topic", append(p.attrs(m, r), "reason", r.Reason())...)
+		p.c.log.Warn("message parked in dead-letter topic", append(p.attrs(m, r), "reason", r.Reason.String())...)
 	} else if p.c.log.Enabled(p.work, slog.LevelDebug) { // the attributes cost allocations per event
 		p.c.log.Debug("message processed", p.attrs(m, r)...)
 	}
 
-	if r.Event.OccurredAt.IsZero() {
+	if m.invalid != nil {
 		m.span.SetAttributes(attribute.String("billing.outcome", r.Outcome.String()))
 	} else {
-		m.span.SetAttributes(semconv.MessagingMessageID(r.Event.ID.String()), attribute.String("billing.outcome", r.Outcome.String()))
+		m.span.SetAttributes(semconv.MessagingMessageID(m.event.ID.String()), attribute.String("billing.outcome", r.Outcome.String()))
 	}
 	if r.Outcome == billing.Parked {
-		m.span.SetStatus(codes.Error, r.Reason())
+		m.span.SetStatus(codes.Error, r.Reason.String())
 	}
 	m.span.End()
 
@@ -478,8 +493,8 @@ func (p *partition) finish(m *message, r billing.Result) {
 // attrs are the log attributes of a message: where it is and what it was.
 func (p *partition) attrs(m *message, r billing.Result) []any {
 	a := []any{"topic", p.topic, "partition", p.id, "offset", m.msg.Offset, "trace_id", traceID(m.span), "outcome", r.Outcome.String()}
-	if !r.Event.OccurredAt.IsZero() {
-		a = append(a, "event_id", r.Event.ID.String())
+	if m.invalid == nil {
+		a = append(a, "event_id", m.event.ID.String())
 	}
 	return a
 }

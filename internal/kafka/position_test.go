@@ -29,7 +29,7 @@ func TestConsumer_APartitionWhoseDatabaseLostCommitsIsConsumedAgain(t *testing.T
 	const old, recent = 5, 15
 	var msgs []kafkatest.Message
 	for i := range old + recent {
-		m := kafkatest.Message{Key: []byte(strconv.Itoa(i)), Value: []byte("v" + strconv.Itoa(i))}
+		m := kafkatest.Message{Key: []byte(strconv.Itoa(i)), Value: event("v" + strconv.Itoa(i))}
 		if i < old {
 			m.Timestamp = time.Now().Add(-48 * time.Hour)
 		}

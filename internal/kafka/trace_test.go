@@ -105,7 +105,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	defer producer.Close()
 	opts := options()
 	opts.Topic, opts.Group = b.Topic, b.Group
-	c, err := kafka.NewConsumer(cclient, proc, dlq.NewWriter(producer, b.DLQTopic, b.Group, 0), opts, m, tp, log)
+	c, err := kafka.NewConsumer(cclient, proc, dlq.NewWriter(producer, b.DLQTopic, b.Group, 0, m), opts, m, tp, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,7 +143,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		Transaction: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "billing_db_transaction_seconds",
-			Help:    "Time each pipeline database transaction was open, by phase (claim, settle, park, recover); none spans a provider call.",
+			Help:    "Time each pipeline database transaction was open, by phase (claim, settle, recover); none spans a provider call.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"phase"}),
 		DBErrors: prometheus.NewCounterVec(prometheus.CounterOpts{

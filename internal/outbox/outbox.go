@@ -128,7 +128,8 @@ func (o Outcome) MarshalJSON() ([]byte, error) {
 }
 
 // Record inserts outcomes into the outbox inside tx: they are published if
-// and only if tx commits. An outcome already recorded (the same id: a
+// and only if tx commits. When an outcome's day has no partition (yet) it
+// returns a *partition.MissingError. An outcome already recorded (the same id: a
 // parked message delivered again announces its failure once; a refused
 // request refused again is the same fact) is not recorded twice.
 func Record(ctx context.Context, tx *sqlx.Tx, outcomes []Outcome) error {
@@ -156,27 +157,11 @@ ON CONFLICT (event_id) DO NOTHING`
 		payloads = append(payloads, payload)
 		traces = append(traces, o.Traceparent)
 	}
-	_, err := tx.ExecContext(ctx, q, ids, orders, types, causes, reasons, payloads, traces)
-	if Table.IsMissing(err) {
-		// Maintenance has not created today's partition (yet): create it
-		// in a transaction of its own and let the caller retry.
-		return &MissingPartitionError{IDs: idsOf(outcomes), Err: err}
-	}
-	if err != nil {
-		return fmt.Errorf("insert outbox: %w", err)
+	if _, err := tx.ExecContext(ctx, q, ids, orders, types, causes, reasons, payloads, traces); err != nil {
+		return Table.Missing(fmt.Errorf("insert outbox: %w", err), idsOf(outcomes))
 	}
 	return nil
 }
-
-// MissingPartitionError says that an outcome's day has no outbox partition
-// yet; the caller creates it (partition.Table.EnsureFor) and retries.
-type MissingPartitionError struct {
-	IDs []uuid.UUID
-	Err error
-}
-
-func (e *MissingPartitionError) Error() string { return "insert outbox: " + e.Err.Error() }
-func (e *MissingPartitionError) Unwrap() error { return e.Err }
 
 func idsOf(outcomes []Outcome) []uuid.UUID {
 	out := make([]uuid.UUID, len(outcomes))

@@ -69,13 +69,32 @@ func (t Table) EnsureFor(ctx context.Context, db sqlx.ExecerContext, ids []uuid.
 	return nil
 }
 
-// IsMissing reports whether err is an insert into t whose key falls on a
-// day that has no partition (yet).
-func (t Table) IsMissing(err error) bool {
+// MissingError says that rows of Table fall on days that have no
+// partition (yet): maintenance has not created them, or a row belongs to
+// an older day. The writer creates them and tries again (EnsureFor) rather
+// than fail for ever.
+type MissingError struct {
+	Table Table
+	IDs   []uuid.UUID // the keys of the rows written
+	Err   error
+}
+
+func (e *MissingError) Error() string {
+	return fmt.Sprintf("%s has no partition for a row's day: %v", e.Table, e.Err)
+}
+
+func (e *MissingError) Unwrap() error { return e.Err }
+
+// Missing returns err as a *MissingError when it is a write into t of the
+// rows ids whose key falls on a day without a partition, else err itself.
+func (t Table) Missing(err error, ids []uuid.UUID) error {
 	var pqErr *pq.Error
 	// A check_violation: `no partition of relation "processed_event" found for row`.
-	return errors.As(err, &pqErr) && pqErr.Code == "23514" &&
-		strings.HasPrefix(pqErr.Message, `no partition of relation "`+string(t)+`"`)
+	if errors.As(err, &pqErr) && pqErr.Code == "23514" &&
+		strings.HasPrefix(pqErr.Message, `no partition of relation "`+string(t)+`"`) {
+		return &MissingError{Table: t, IDs: ids, Err: err}
+	}
+	return err
 }
 
 // Info describes one existing partition.

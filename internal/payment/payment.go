@@ -108,13 +108,17 @@ func declineCode(body []byte) string {
 // TransientError is a failure of the environment (provider down, overloaded,
 // unreachable, misconfigured credentials): retry later with the same key.
 type TransientError struct {
-	Result     string        // the metric label, e.g. "server_error"
-	RetryAfter time.Duration // the provider's Retry-After, when it sent one
-	Err        error
+	Result string        // the metric label, e.g. "server_error"
+	After  time.Duration // the provider's Retry-After, when it sent one
+	Err    error
 }
 
 func (e *TransientError) Error() string { return "payment provider: " + e.Err.Error() }
-func (e *TransientError) Unwrap() error { return e.Err }
+
+// RetryAfter is the least wait before asking again: the provider's
+// Retry-After, 0 when it sent none.
+func (e *TransientError) RetryAfter() time.Duration { return e.After }
+func (e *TransientError) Unwrap() error             { return e.Err }
 
 // Config configures a Client.
 type Config struct {
@@ -237,8 +241,8 @@ func (c *Client) Charge(ctx context.Context, r Request) (Charge, error) {
 	c.metrics.PaymentSeconds.Observe(time.Since(started).Seconds())
 	c.metrics.PaymentRequests.WithLabelValues(result).Inc()
 	var te *TransientError
-	if result == "rate_limited" && errors.As(err, &te) && te.RetryAfter > 0 {
-		c.pause(te.RetryAfter)
+	if result == "rate_limited" && errors.As(err, &te) && te.After > 0 {
+		c.pause(te.After)
 	}
 	// A 409 says only that our own earlier request for this key is still
 	// being processed: nothing about the provider's health.
@@ -367,7 +371,7 @@ func (c *Client) charge(ctx context.Context, r Request) (Charge, string, error) 
 }
 
 func transient(result string, after time.Duration, err error) *TransientError {
-	return &TransientError{Result: result, RetryAfter: after, Err: err}
+	return &TransientError{Result: result, After: after, Err: err}
 }
 
 func networkResult(err error) string {

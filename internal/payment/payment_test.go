@@ -240,8 +240,8 @@ func TestCharge_Classification(t *testing.T) {
 				if te.Result != tt.result {
 					t.Errorf("TransientError.Result = %q, want %q", te.Result, tt.result)
 				}
-				if te.RetryAfter != tt.retryAfter {
-					t.Errorf("TransientError.RetryAfter = %v, want %v", te.RetryAfter, tt.retryAfter)
+				if te.RetryAfter() != tt.retryAfter {
+					t.Errorf("TransientError.RetryAfter() = %v, want %v", te.RetryAfter(), tt.retryAfter)
 				}
 			}
 		})
