@@ -89,16 +89,17 @@ func (b *broker) close() {
 	}
 }
 
-// kafkaNames are one scenario's topic, dead-letter topic and group.
-type kafkaNames struct{ topic, dlq, group string }
+// kafkaNames are one scenario's topic, dead-letter topic, outcome topic
+// and group.
+type kafkaNames struct{ topic, dlq, outcome, group string }
 
 // prepare gives a scenario its topics on b: on kfake a fresh broker with
 // the contract's names, on Apache Kafka fresh topics (deleted by the
 // returned function) and a group on the running cluster.
 func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanup func(), err error) {
 	if b.cluster == nil {
-		n = kafkaNames{topic: "orders.confirmed", dlq: "orders.confirmed.dlq", group: "billing-order-confirmed"}
-		dev, err := devkafka.Start(devkafka.Options{Topics: []string{n.topic, n.dlq}, Partitions: partitions})
+		n = kafkaNames{topic: "orders.confirmed", dlq: "orders.confirmed.dlq", outcome: "payments.settled", group: "billing-order-confirmed"}
+		dev, err := devkafka.Start(devkafka.Options{Topics: []string{n.topic, n.dlq, n.outcome}, Partitions: partitions})
 		if err != nil {
 			return nil, n, nil, err
 		}
@@ -106,7 +107,8 @@ func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanu
 	}
 	b.seq++
 	suffix := fmt.Sprintf("bench.%d.%d", os.Getpid(), b.seq)
-	n = kafkaNames{topic: "orders.confirmed." + suffix, dlq: "orders.confirmed.dlq." + suffix, group: "billing-order-confirmed." + suffix}
+	n = kafkaNames{topic: "orders.confirmed." + suffix, dlq: "orders.confirmed.dlq." + suffix, outcome: "payments.settled." + suffix,
+		group: "billing-order-confirmed." + suffix}
 	addrs = b.cluster.Addrs()
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V3_6_0_0
@@ -115,7 +117,7 @@ func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanu
 		return nil, n, nil, err
 	}
 	rf := int16(min(3, len(addrs)))
-	for _, t := range []string{n.topic, n.dlq} {
+	for _, t := range []string{n.topic, n.dlq, n.outcome} {
 		detail := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: rf}
 		if err := admin.CreateTopic(t, detail, false); err != nil {
 			admin.Close()
@@ -125,6 +127,7 @@ func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanu
 	cleanup = func() {
 		_ = admin.DeleteTopic(n.topic)
 		_ = admin.DeleteTopic(n.dlq)
+		_ = admin.DeleteTopic(n.outcome)
 		admin.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
