@@ -241,7 +241,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 
 	// --- The outbox relay: payment outcome events to KAFKA_OUTCOME_TOPIC,
 	// from whichever replica holds the relay lock.
-	relayCfg, err := kafka.ProducerConfig(cfg.Kafka)
+	relayCfg, err := kafka.OutcomeProducerConfig(cfg.Kafka)
 	if err != nil {
 		return err
 	}
@@ -251,7 +251,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	}
 	defer relayProducer.Close()
 	relay := outbox.NewRelay(db, relayProducer, cfg.Kafka.OutcomeTopic, m, log)
-	relay.MaxBytes = sizes.outcome
+	relay.MaxBytes = min(sizes.outcome, kafka.OutcomeBatchBytes-512) // what the topic and the producer take, less the record's overhead
 	maintenance.Go(func() { relay.Run(ctx) })
 	c, err := kafka.NewConsumer(client, processor, parking, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
