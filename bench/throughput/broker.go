@@ -95,12 +95,17 @@ type kafkaNames struct{ topic, dlq, outcome, group string }
 
 // prepare gives a scenario its topics on b: on kfake a fresh broker with
 // the contract's names, on Apache Kafka fresh topics (deleted by the
-// returned function) and a group on the running cluster.
-func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanup func(), err error) {
+// returned function) and a group on the running cluster. The outcome topic
+// has outcomePartitions partitions, the others partitions.
+func (b *broker) prepare(partitions, outcomePartitions int32) (addrs []string, n kafkaNames, cleanup func(), err error) {
 	if b.cluster == nil {
 		n = kafkaNames{topic: "orders.confirmed", dlq: "orders.confirmed.dlq", outcome: "payments.settled", group: "billing-order-confirmed"}
-		dev, err := devkafka.Start(devkafka.Options{Topics: []string{n.topic, n.dlq, n.outcome}, Partitions: partitions})
+		dev, err := devkafka.Start(devkafka.Options{Topics: []string{n.topic, n.dlq}, Partitions: partitions})
 		if err != nil {
+			return nil, n, nil, err
+		}
+		if err := dev.CreateTopic(n.outcome, outcomePartitions, nil); err != nil {
+			dev.Close()
 			return nil, n, nil, err
 		}
 		return []string{dev.Addr()}, n, dev.Close, nil
@@ -117,8 +122,8 @@ func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanu
 		return nil, n, nil, err
 	}
 	rf := int16(min(3, len(addrs)))
-	for _, t := range []string{n.topic, n.dlq, n.outcome} {
-		detail := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: rf}
+	for t, p := range map[string]int32{n.topic: partitions, n.dlq: partitions, n.outcome: outcomePartitions} {
+		detail := &sarama.TopicDetail{NumPartitions: p, ReplicationFactor: rf}
 		if err := admin.CreateTopic(t, detail, false); err != nil {
 			admin.Close()
 			return nil, n, nil, fmt.Errorf("create topic %s: %w", t, err)

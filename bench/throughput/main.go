@@ -70,6 +70,7 @@ type result struct {
 	proc99      float64
 	cpuPerEvent time.Duration // the service's own CPU
 	peakRSS     int64         // bytes, VmHWM
+	peakAnon    int64         // bytes, the highest RssAnon sampled: without the binary's own pages
 	txEvents    float64
 	doubleOrder int64
 	// The provider's view: requests, the most within any one second, and
@@ -105,6 +106,7 @@ func run() error {
 		events     = flag.Int("events", 30000, "events per billing scenario")
 		seedEvents = flag.Int("seed-events", 4000, "events per seed-baseline scenario at 0 ms (fewer at 50 ms: it is slow)")
 		partitions = flag.Int("partitions", 6, "partitions of the topic")
+		outcomeN   = flag.Int("outcome-partitions", 0, "partitions of the outcome topic (payments.settled); 0: as many as the topic")
 		binary     = flag.String("binary", "bin/billing", "the billing binary to run (make build)")
 		server     = flag.String("db", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL server (maintenance database URL)")
 		only       = flag.String("only", "", "run only scenarios whose name contains this")
@@ -120,7 +122,7 @@ func run() error {
 		valueBytes = flag.Int("value-bytes", 900_000, "size of each -backlog value")
 		codec      = flag.String("compression", "zstd", "codec of the -backlog values: none, gzip, snappy, lz4 or zstd")
 		rps        = flag.Bool("rps", true, "also run billing with PAYMENT_MAX_RPS=100 against a provider limited to 100 requests/s")
-		profileDir = flag.String("profile", "", "save heap profiles of serve (inuse_space and alloc_space) in this directory: at the peak resident set, every -profile-every and at the end, with the memory at the peak (perturbs what it measures a little: for finding where memory goes, not for the tables)")
+		profileDir = flag.String("profile", "", "save heap profiles of serve (inuse_space and alloc_space) in this directory: at the peak resident set (with a goroutine profile and the memory then), every -profile-every and at the end; perturbs what it measures a little: for finding where memory goes, not for the tables (finer samples: -env GODEBUG=memprofilerate=16384)")
 		profEvery  = flag.Duration("profile-every", 5*time.Second, "with -profile: how often to save a heap profile besides the peak's (0: only the peak's and the end's)")
 	)
 	flag.Parse()
@@ -185,7 +187,10 @@ func run() error {
 			return fmt.Errorf("-profile: %w", err)
 		}
 	}
-	opts := runOptions{server: *server, partitions: int32(*partitions), profileDir: *profileDir, profileEvery: *profEvery}
+	if *outcomeN <= 0 {
+		*outcomeN = *partitions
+	}
+	opts := runOptions{server: *server, partitions: int32(*partitions), outcomePartitions: int32(*outcomeN), profileDir: *profileDir, profileEvery: *profEvery}
 
 	fmt.Printf("machine: %d CPUs, %s; %s; load average %s\n", numCPU(), memTotal(), goVersion(), loadAverage())
 	brokers := make([]*broker, 0, len(kinds))
@@ -208,12 +213,10 @@ func run() error {
 			if err != nil {
 				return fmt.Errorf("%s on %s: %w", sc.name, b.name, err)
 			}
-			fmt.Printf("    %.0f events/s in %s, CPU %.3f ms/event (%.2f cores; machine %.0f%% busy, load %s→%s), peak RSS %.1f MiB, provider requests in flight: most %d, mean %.0f\n",
+			fmt.Printf("    %.0f events/s in %s, CPU %.3f ms/event (%.2f cores; machine %.0f%% busy, load %s→%s), peak RSS %.1f MiB (anonymous %.1f), provider requests in flight: most %d, mean %.0f\n",
 				r.eventsPerS, r.elapsed.Round(time.Millisecond), ms(r.cpuPerEvent), r.serviceCores, 100*r.machineBusy, r.load0, r.load1,
-				float64(r.peakRSS)/(1<<20), r.maxInFlight, r.meanInFlight)
-			if r.memAtPeak.runtime != nil {
-				fmt.Print(indent(describe(r.memAtPeak), "    "))
-			}
+				float64(r.peakRSS)/(1<<20), float64(r.peakAnon)/(1<<20), r.maxInFlight, r.meanInFlight)
+			fmt.Print(indent(describe(r.memAtPeak), "    "))
 			if r.complaints != "" {
 				fmt.Printf("    serve logged %s\n", r.complaints)
 			}

@@ -44,11 +44,13 @@ type watcher struct {
 	stop  chan struct{}
 	done  chan struct{}
 
-	mu      sync.Mutex
-	peak    memSample // at the highest VmRSS seen, with the runtime's view when profiling
-	profile []byte    // the heap profile taken at peak
-	saved   []string  // files written
-	err     error     // the first failure to profile
+	mu         sync.Mutex
+	peak       memSample // at the highest VmRSS seen, with the runtime's view when profiling
+	maxAnon    int64     // the highest RssAnon seen: the memory the process owns, not the binary's pages
+	profile    []byte    // the heap profile taken at peak
+	goroutines []byte    // and the goroutine profile
+	saved      []string  // files written
+	err        error     // the first failure to profile
 }
 
 // sampleEvery is how often the resident set is read; a profile at a new
@@ -90,6 +92,7 @@ func (w *watcher) run() {
 			}
 			s.at = time.Since(w.start)
 			w.mu.Lock()
+			w.maxAnon = max(w.maxAnon, s.anon)
 			higher := s.rss > w.peak.rss
 			if higher {
 				s.runtime = w.peak.runtime // until a new profile comes with its own
@@ -106,10 +109,14 @@ func (w *watcher) run() {
 	}
 }
 
-// takePeak fetches a heap profile and the runtime's statistics for the
-// high s.
+// takePeak fetches a heap profile, a goroutine profile (their stacks are
+// the rest of the memory) and the runtime's statistics for the high s.
 func (w *watcher) takePeak(s memSample) error {
 	prof, err := fetch("http://" + w.pprofAddr + "/debug/pprof/heap")
+	if err != nil {
+		return err
+	}
+	goroutines, err := fetch("http://" + w.pprofAddr + "/debug/pprof/goroutine")
 	if err != nil {
 		return err
 	}
@@ -121,7 +128,7 @@ func (w *watcher) takePeak(s memSample) error {
 	defer w.mu.Unlock()
 	if s.rss >= w.peak.rss || w.profile == nil { // not overtaken while fetching
 		s.runtime = rt
-		w.peak, w.profile = s, prof
+		w.peak, w.profile, w.goroutines = s, prof, goroutines
 	}
 	return nil
 }
@@ -159,23 +166,25 @@ func (w *watcher) note(err error) {
 
 // finish stops sampling and, when profiling, writes the profile taken at
 // the peak (with a text file of the memory then) and one taken now. It
-// returns the peak sample.
-func (w *watcher) finish() (memSample, []string, error) {
+// returns the sample at the highest VmRSS, the highest RssAnon sampled,
+// and the files written.
+func (w *watcher) finish() (peak memSample, maxAnon int64, saved []string, err error) {
 	close(w.stop)
 	<-w.done
 	if w.pprofAddr != "" {
 		w.note(w.save("end"))
 		w.mu.Lock()
-		peak, prof := w.peak, w.profile
+		peak, prof, goroutines := w.peak, w.profile, w.goroutines
 		w.mu.Unlock()
 		if prof != nil {
 			w.note(w.write("peak.pb.gz", prof))
+			w.note(w.write("peak-goroutine.pb.gz", goroutines))
 			w.note(w.write("peak.txt", []byte(describe(peak))))
 		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.peak, w.saved, w.err
+	return w.peak, w.maxAnon, w.saved, w.err
 }
 
 // readStatus reads the resident set of pid from /proc/<pid>/status.

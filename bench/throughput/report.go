@@ -10,16 +10,16 @@ import (
 
 func printTable(results []result, pgTPS float64) {
 	fmt.Println()
-	fmt.Println("| scenario | broker | events | events/s | occurredAt→commit p50 / p99 | take→commit p50 / p99 | events per tx | CPU per event | broker CPU per event | peak RSS | orders charged twice | provider requests: total, most in 1 s, 429s | provider requests in flight: most / mean (of PAYMENT_MAX_CONCURRENCY) | service CPU, cores | machine CPU busy | DB connection wait per event | load average |")
+	fmt.Println("| scenario | broker | events | events/s | occurredAt→commit p50 / p99 | take→commit p50 / p99 | events per tx | CPU per event | broker CPU per event | peak RSS (anonymous) | orders charged twice | provider requests: total, most in 1 s, 429s | provider requests in flight: most / mean (of PAYMENT_MAX_CONCURRENCY) | service CPU, cores | machine CPU busy | DB connection wait per event | load average |")
 	fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, r := range results {
 		brokerCPU := "in process"
 		if r.brokerCPU > 0 {
 			brokerCPU = fmt.Sprintf("%.3f ms", ms(r.brokerCPU))
 		}
-		fmt.Printf("| %s | %s | %d | %.0f | %s / %s | %s / %s | %.1f | %.3f ms | %s | %.1f MiB | %d | %d, %d, %d | %d / %.0f (%d) | %.2f | %.0f%% | %s | %s→%s |\n",
+		fmt.Printf("| %s | %s | %d | %.0f | %s / %s | %s / %s | %.1f | %.3f ms | %s | %.1f MiB (%.1f) | %d | %d, %d, %d | %d / %.0f (%d) | %.2f | %.0f%% | %s | %s→%s |\n",
 			r.name, r.broker, r.produced, r.eventsPerS, secs(r.p50), secs(r.p99), secs(r.proc50), secs(r.proc99),
-			r.txEvents, ms(r.cpuPerEvent), brokerCPU, float64(r.peakRSS)/(1<<20), r.doubleOrder,
+			r.txEvents, ms(r.cpuPerEvent), brokerCPU, float64(r.peakRSS)/(1<<20), float64(r.peakAnon)/(1<<20), r.doubleOrder,
 			r.requests, r.peakPerSecond, r.rateLimited, r.maxInFlight, r.meanInFlight, r.maxConcurrency,
 			r.serviceCores, 100*r.machineBusy, secs(r.poolWait), r.load0, r.load1)
 	}

@@ -35,6 +35,8 @@ import (
 type runOptions struct {
 	server     string // PostgreSQL maintenance URL
 	partitions int32
+	// outcomePartitions are the outcome topic's (payments.settled).
+	outcomePartitions int32
 	// profileDir, when set, is where heap profiles of serve go (-profile),
 	// taken every profileEvery and at the peak resident set.
 	profileDir   string
@@ -54,7 +56,7 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 	}
 	defer drop()
 
-	addrs, names, cleanup, err := b.prepare(opts.partitions)
+	addrs, names, cleanup, err := b.prepare(opts.partitions, opts.outcomePartitions)
 	if err != nil {
 		return res, err
 	}
@@ -171,7 +173,7 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 			return
 		}
 		var files []string
-		res.memAtPeak, files, err = watch.finish()
+		res.memAtPeak, res.peakAnon, files, err = watch.finish()
 		watch = nil
 		if err != nil {
 			fmt.Printf("    profiling: %v\n", err)

@@ -125,7 +125,9 @@ func printSweep(designs []design, latencies []time.Duration, results []result, b
 	table("the service's CPU per event (and cores it kept busy)", func(r result) string {
 		return fmt.Sprintf("%.3f ms (%.2f)", ms(r.cpuPerEvent), r.serviceCores)
 	})
-	table("peak RSS of billing serve", func(r result) string { return fmt.Sprintf("%.1f MiB", float64(r.peakRSS)/(1<<20)) })
+	table("peak RSS of billing serve (anonymous: without the binary's own pages)", func(r result) string {
+		return fmt.Sprintf("%.1f MiB (%.1f)", float64(r.peakRSS)/(1<<20), float64(r.peakAnon)/(1<<20))
+	})
 	table("provider requests in flight: most at once / mean", func(r result) string {
 		return fmt.Sprintf("%d / %.0f", r.maxInFlight, r.meanInFlight)
 	})
