@@ -86,12 +86,17 @@ staticcheck: bin/staticcheck
 vuln: bin/govulncheck
 	bin/govulncheck ./...
 
-## bench: end-to-end throughput, billing vs the seed's design, and pgbench,
-## each on the embedded kfake broker and on a one-node Apache Kafka
-## (ARGS="-broker kfake|apache|both -nodes 1|3"; default both where Java and
-## Maven are installed; see BENCHMARKS.md; ~3 min)
+## bench: end-to-end throughput (BENCHMARKS.md): the provider latency sweep
+## (0, 50, 200, 500, 1000 and 2000 ms) of billing, billing BENCH_BASELINE
+## (3f706e0, built once from this repository's history into
+## ~/.cache/billing/bench-binaries) and the seed design, PAYMENT_MAX_RPS=100,
+## and pgbench, on the embedded kfake broker and on a one-node Apache Kafka;
+## redraws bench/throughput/sweep.svg (ARGS="-broker kfake|apache|both
+## -nodes 1|3 -pgbench 0 -profile DIR"; default both brokers where Java and
+## Maven are installed)
+BENCH_BASELINE ?= 3f706e0
 bench: build
-	$(GO) run ./bench/throughput $(ARGS)
+	$(GO) run ./bench/throughput -baseline $(BENCH_BASELINE) -svg bench/throughput/sweep.svg $(ARGS)
 
 ## bench-dedup: processed_event at 10M rows, v7 vs v4 keys, DROP PARTITION vs
 ## DELETE, in a throwaway database on the local PostgreSQL (see BENCHMARKS.md;

@@ -89,24 +89,31 @@ func (b *broker) close() {
 	}
 }
 
-// kafkaNames are one scenario's topic, dead-letter topic and group.
-type kafkaNames struct{ topic, dlq, group string }
+// kafkaNames are one scenario's topic, dead-letter topic, outcome topic
+// and group.
+type kafkaNames struct{ topic, dlq, outcome, group string }
 
 // prepare gives a scenario its topics on b: on kfake a fresh broker with
 // the contract's names, on Apache Kafka fresh topics (deleted by the
-// returned function) and a group on the running cluster.
-func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanup func(), err error) {
+// returned function) and a group on the running cluster. The outcome topic
+// has outcomePartitions partitions, the others partitions.
+func (b *broker) prepare(partitions, outcomePartitions int32) (addrs []string, n kafkaNames, cleanup func(), err error) {
 	if b.cluster == nil {
-		n = kafkaNames{topic: "orders.confirmed", dlq: "orders.confirmed.dlq", group: "billing-order-confirmed"}
+		n = kafkaNames{topic: "orders.confirmed", dlq: "orders.confirmed.dlq", outcome: "payments.settled", group: "billing-order-confirmed"}
 		dev, err := devkafka.Start(devkafka.Options{Topics: []string{n.topic, n.dlq}, Partitions: partitions})
 		if err != nil {
+			return nil, n, nil, err
+		}
+		if err := dev.CreateTopic(n.outcome, outcomePartitions, nil); err != nil {
+			dev.Close()
 			return nil, n, nil, err
 		}
 		return []string{dev.Addr()}, n, dev.Close, nil
 	}
 	b.seq++
 	suffix := fmt.Sprintf("bench.%d.%d", os.Getpid(), b.seq)
-	n = kafkaNames{topic: "orders.confirmed." + suffix, dlq: "orders.confirmed.dlq." + suffix, group: "billing-order-confirmed." + suffix}
+	n = kafkaNames{topic: "orders.confirmed." + suffix, dlq: "orders.confirmed.dlq." + suffix, outcome: "payments.settled." + suffix,
+		group: "billing-order-confirmed." + suffix}
 	addrs = b.cluster.Addrs()
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V3_6_0_0
@@ -115,8 +122,8 @@ func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanu
 		return nil, n, nil, err
 	}
 	rf := int16(min(3, len(addrs)))
-	for _, t := range []string{n.topic, n.dlq} {
-		detail := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: rf}
+	for t, p := range map[string]int32{n.topic: partitions, n.dlq: partitions, n.outcome: outcomePartitions} {
+		detail := &sarama.TopicDetail{NumPartitions: p, ReplicationFactor: rf}
 		if err := admin.CreateTopic(t, detail, false); err != nil {
 			admin.Close()
 			return nil, n, nil, fmt.Errorf("create topic %s: %w", t, err)
@@ -125,6 +132,7 @@ func (b *broker) prepare(partitions int32) (addrs []string, n kafkaNames, cleanu
 	cleanup = func() {
 		_ = admin.DeleteTopic(n.topic)
 		_ = admin.DeleteTopic(n.dlq)
+		_ = admin.DeleteTopic(n.outcome)
 		admin.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -5,7 +5,11 @@
 // its own against the local PostgreSQL and a fake provider with a given
 // latency, and measures the time until the group's committed offsets reach
 // the end offsets. It reports events/s, latency percentiles, the service's
-// own CPU per 1,000 events and its peak RSS.
+// own CPU per event, its peak RSS, the provider requests in flight (the
+// most at once and the mean) and what else says what bounds a scenario
+// (the cores the service kept busy, the machine's CPU, the wait for a
+// database connection), and checks that the provider made exactly one
+// charge per unique event. With -profile it saves heap profiles of serve.
 //
 // Every scenario runs on each broker that -broker names, one after the
 // other: the embedded kfake broker (in this process, a fresh one per
@@ -14,11 +18,14 @@
 // scenario), so that the two are compared side by side; on Apache Kafka the
 // brokers' own CPU is measured too.
 //
-// The baseline is billing itself configured as the seed design: one message
-// at a time per partition, at most 3 partitions at once, an offset commit per
-// message. Both run in the same invocation on the same machine, so their
-// ratio is measured side by side. pgbench runs billing's per-event SQL too,
-// as the database's own ceiling for one transaction per event.
+// The sweep runs each provider latency (-latencies) with billing, an
+// earlier billing (-baseline: a binary, or a commit of this repository,
+// built once) and the seed design: billing itself configured as the seed
+// (seedEnv: one message at a time per partition, at most 3 partitions at
+// once, an offset commit per message). A binary is given only the
+// variables it reads, so an earlier binary runs with its own defaults.
+// pgbench runs billing's per-event SQL too, as the database's own ceiling
+// for one transaction per event.
 package main
 
 import (
@@ -52,13 +59,6 @@ type scenario struct {
 	rateLimit int
 }
 
-// seedEnv configures billing as the seed's design: kafkajs eachMessage with
-// partitionsConsumedConcurrently: 3 and commitOffsets after every message.
-var seedEnv = []string{
-	"DATABASE_MAX_CONNS=3", "MAX_IN_FLIGHT=3",
-	"KAFKA_COMMIT_EVERY_MESSAGE=true",
-}
-
 type result struct {
 	scenario
 	broker      string
@@ -68,16 +68,30 @@ type result struct {
 	p50, p99    float64 // occurredAt → commit, seconds
 	proc50      float64 // take → commit, seconds
 	proc99      float64
-	cpuPer1000  time.Duration
-	peakRSS     int64 // bytes
+	cpuPerEvent time.Duration // the service's own CPU
+	peakRSS     int64         // bytes, VmHWM
+	peakAnon    int64         // bytes, the highest RssAnon sampled: without the binary's own pages
 	txEvents    float64
 	doubleOrder int64
 	// The provider's view: requests, the most within any one second, and
-	// 429s answered.
+	// 429s answered; the most requests answered at once and the mean
+	// number in flight over the measurement, against the service's
+	// PAYMENT_MAX_CONCURRENCY.
 	requests, peakPerSecond, rateLimited int64
-	// brokerCPU is Apache Kafka's own CPU per 1,000 events (all nodes); 0
-	// on kfake, which runs inside the benchmark's process.
+	maxInFlight                          int64
+	meanInFlight                         float64
+	maxConcurrency                       int
+	// brokerCPU is Apache Kafka's own CPU per event (all nodes); 0 on
+	// kfake, which runs inside the benchmark's process.
 	brokerCPU time.Duration
+	// What bounds a scenario: the cores the service kept busy, the share
+	// of the machine's CPU that was busy (everyone's), and the time events
+	// waited for a database connection, per event (NaN when the binary
+	// does not export it).
+	serviceCores, machineBusy, poolWait float64
+	load0, load1                        string    // 1-minute load average at the start and the end
+	memAtPeak                           memSample // near the highest resident set
+	complaints                          string    // serve's warnings and errors, summarised
 }
 
 func main() {
@@ -92,21 +106,24 @@ func run() error {
 		events     = flag.Int("events", 30000, "events per billing scenario")
 		seedEvents = flag.Int("seed-events", 4000, "events per seed-baseline scenario at 0 ms (fewer at 50 ms: it is slow)")
 		partitions = flag.Int("partitions", 6, "partitions of the topic")
-		binary     = flag.String("binary", "bin/billing", "the billing binary to run")
+		outcomeN   = flag.Int("outcome-partitions", 0, "partitions of the outcome topic (payments.settled); 0: as many as the topic")
+		binary     = flag.String("binary", "bin/billing", "the billing binary to run (make build)")
 		server     = flag.String("db", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL server (maintenance database URL)")
 		only       = flag.String("only", "", "run only scenarios whose name contains this")
 		extra      = flag.String("env", "", "extra serve environment for the billing scenarios, comma-separated K=V")
 		pgbenchT   = flag.Duration("pgbench", 15*time.Second, "pgbench duration (0 skips it)")
 		brokerFlag = flag.String("broker", "", "kfake, apache or both (default: both where Java and Maven are installed, else kfake)")
 		nodes      = flag.Int("nodes", 1, "Apache Kafka nodes: 1, or 3 (replication factor 3, min.insync.replicas 2)")
-		latencyArg = flag.String("latencies", "0,50,200,500,1000", "provider latencies to sweep, milliseconds, comma-separated")
-		baseline   = flag.String("baseline", "", "an earlier billing binary to sweep beside -binary (label: -baseline-label)")
-		baseLabel  = flag.String("baseline-label", "billing (baseline)", "the baseline's name in the tables")
+		latencyArg = flag.String("latencies", "0,50,200,500,1000,2000", "provider latencies to sweep, milliseconds, comma-separated")
+		baseline   = flag.String("baseline", "", "an earlier billing to sweep beside -binary: a binary, or a commit of this repository, built once into ~/.cache/billing/bench-binaries/<commit>/billing (make bench: 3f706e0)")
+		baseLabel  = flag.String("baseline-label", "", "the baseline's name in the tables (default: billing <commit>)")
 		svgPath    = flag.String("svg", "", "write the sweep's events/s against latency as an SVG image to this file")
 		backlog    = flag.Int("backlog", 0, "instead of the sweep: a backlog of this many large values with distinct keys (-value-bytes each), for peak RSS")
 		valueBytes = flag.Int("value-bytes", 900_000, "size of each -backlog value")
 		codec      = flag.String("compression", "zstd", "codec of the -backlog values: none, gzip, snappy, lz4 or zstd")
 		rps        = flag.Bool("rps", true, "also run billing with PAYMENT_MAX_RPS=100 against a provider limited to 100 requests/s")
+		profileDir = flag.String("profile", "", "save heap profiles of serve (inuse_space and alloc_space) in this directory: at the peak resident set (with a goroutine profile and the memory then), every -profile-every and at the end; perturbs what it measures a little: for finding where memory goes, not for the tables (finer samples: -env GODEBUG=memprofilerate=16384)")
+		profEvery  = flag.Duration("profile-every", 5*time.Second, "with -profile: how often to save a heap profile besides the peak's (0: only the peak's and the end's)")
 	)
 	flag.Parse()
 
@@ -129,7 +146,14 @@ func run() error {
 	// 3 events at a time.
 	designs := []design{{label: "billing", binary: *binary, env: billingEnv, events: capped(*events, 1e9, 0)}}
 	if *baseline != "" {
-		designs = append(designs, design{label: *baseLabel, binary: *baseline, env: billingEnv, events: capped(*events, 100, 2000)})
+		path, label, err := baselineBinary(*baseline)
+		if err != nil {
+			return err
+		}
+		if *baseLabel != "" {
+			label = *baseLabel
+		}
+		designs = append(designs, design{label: label, binary: path, env: billingEnv, events: capped(*events, 100, 2000)})
 	}
 	designs = append(designs, design{label: "seed design", binary: *binary, env: seedEnv, events: capped(*seedEvents, 3, 100)})
 	var scenarios []scenario
@@ -158,7 +182,17 @@ func run() error {
 			latency: 50 * time.Millisecond, events: 3000, env: append(slices.Clone(billingEnv), "PAYMENT_MAX_RPS=100"), rateLimit: 100})
 	}
 
-	fmt.Printf("machine: %d CPUs, %s; %s\n", numCPU(), memTotal(), goVersion())
+	if *profileDir != "" {
+		if err := os.MkdirAll(*profileDir, 0o755); err != nil {
+			return fmt.Errorf("-profile: %w", err)
+		}
+	}
+	if *outcomeN <= 0 {
+		*outcomeN = *partitions
+	}
+	opts := runOptions{server: *server, partitions: int32(*partitions), outcomePartitions: int32(*outcomeN), profileDir: *profileDir, profileEvery: *profEvery}
+
+	fmt.Printf("machine: %d CPUs, %s; %s; load average %s\n", numCPU(), memTotal(), goVersion(), loadAverage())
 	brokers := make([]*broker, 0, len(kinds))
 	for _, kind := range kinds {
 		b, err := startBroker(kind, *nodes)
@@ -175,12 +209,17 @@ func run() error {
 		}
 		for _, b := range brokers {
 			fmt.Printf("--- %s on %s: %d events\n", sc.name, b.name, sc.events)
-			r, err := runScenario(sc, b, *server, int32(*partitions))
+			r, err := runScenario(sc, b, opts)
 			if err != nil {
 				return fmt.Errorf("%s on %s: %w", sc.name, b.name, err)
 			}
-			fmt.Printf("    %.0f events/s in %s, CPU %s/1000 events, peak RSS %.1f MiB\n",
-				r.eventsPerS, r.elapsed.Round(time.Millisecond), r.cpuPer1000.Round(time.Millisecond), float64(r.peakRSS)/(1<<20))
+			fmt.Printf("    %.0f events/s in %s, CPU %.3f ms/event (%.2f cores; machine %.0f%% busy, load %s→%s), peak RSS %.1f MiB (anonymous %.1f), provider requests in flight: most %d, mean %.0f\n",
+				r.eventsPerS, r.elapsed.Round(time.Millisecond), ms(r.cpuPerEvent), r.serviceCores, 100*r.machineBusy, r.load0, r.load1,
+				float64(r.peakRSS)/(1<<20), float64(r.peakAnon)/(1<<20), r.maxInFlight, r.meanInFlight)
+			fmt.Print(indent(describe(r.memAtPeak), "    "))
+			if r.complaints != "" {
+				fmt.Printf("    serve logged %s\n", r.complaints)
+			}
 			results = append(results, r)
 		}
 	}
@@ -204,6 +243,15 @@ func run() error {
 		fmt.Printf("\nsweep drawn in %s (%s)\n", *svgPath, brokers[0].name)
 	}
 	return nil
+}
+
+// ms is d in milliseconds, fractions kept.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// indent prefixes every line of s.
+func indent(s, prefix string) string {
+	lines := strings.SplitAfter(strings.TrimSuffix(s, "\n"), "\n")
+	return prefix + strings.Join(lines, prefix) + "\n"
 }
 
 func freeAddr() string {

@@ -10,17 +10,18 @@ import (
 
 func printTable(results []result, pgTPS float64) {
 	fmt.Println()
-	fmt.Println("| scenario | broker | events | events/s | occurredAt→commit p50 / p99 | take→commit p50 / p99 | events per tx | CPU per 1,000 events | broker CPU per 1,000 events | peak RSS | orders charged twice | provider requests: most in 1 s, 429s |")
-	fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Println("| scenario | broker | events | events/s | occurredAt→commit p50 / p99 | take→commit p50 / p99 | events per tx | CPU per event | broker CPU per event | peak RSS (anonymous) | orders charged twice | provider requests: total, most in 1 s, 429s | provider requests in flight: most / mean (of PAYMENT_MAX_CONCURRENCY) | service CPU, cores | machine CPU busy | DB connection wait per event | load average |")
+	fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, r := range results {
 		brokerCPU := "in process"
 		if r.brokerCPU > 0 {
-			brokerCPU = fmt.Sprintf("%d ms", r.brokerCPU.Milliseconds())
+			brokerCPU = fmt.Sprintf("%.3f ms", ms(r.brokerCPU))
 		}
-		fmt.Printf("| %s | %s | %d | %.0f | %s / %s | %s / %s | %.1f | %d ms | %s | %.1f MiB | %d | %d: %d, %d |\n",
+		fmt.Printf("| %s | %s | %d | %.0f | %s / %s | %s / %s | %.1f | %.3f ms | %s | %.1f MiB (%.1f) | %d | %d, %d, %d | %d / %.0f (%d) | %.2f | %.0f%% | %s | %s→%s |\n",
 			r.name, r.broker, r.produced, r.eventsPerS, secs(r.p50), secs(r.p99), secs(r.proc50), secs(r.proc99),
-			r.txEvents, r.cpuPer1000.Milliseconds(), brokerCPU, float64(r.peakRSS)/(1<<20), r.doubleOrder,
-			r.requests, r.peakPerSecond, r.rateLimited)
+			r.txEvents, ms(r.cpuPerEvent), brokerCPU, float64(r.peakRSS)/(1<<20), float64(r.peakAnon)/(1<<20), r.doubleOrder,
+			r.requests, r.peakPerSecond, r.rateLimited, r.maxInFlight, r.meanInFlight, r.maxConcurrency,
+			r.serviceCores, 100*r.machineBusy, secs(r.poolWait), r.load0, r.load1)
 	}
 	type key struct{ name, broker string }
 	byKey := map[key]result{}
@@ -49,7 +50,7 @@ func printTable(results []result, pgTPS float64) {
 		// gives compared with the first (the embedded one).
 		a, z := brokers[0], brokers[1]
 		fmt.Println()
-		fmt.Printf("| scenario | events/s %s | events/s %s | %s / %s | take→commit p99 %s / %s | CPU per 1,000 events %s / %s | peak RSS %s / %s |\n", a, z, z, a, a, z, a, z, a, z)
+		fmt.Printf("| scenario | events/s %s | events/s %s | %s / %s | take→commit p99 %s / %s | CPU per event %s / %s | peak RSS %s / %s |\n", a, z, z, a, a, z, a, z, a, z)
 		fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 		var names []string
 		for _, r := range results {
@@ -63,8 +64,8 @@ func printTable(results []result, pgTPS float64) {
 			if !okX || !okY {
 				continue
 			}
-			fmt.Printf("| %s | %.0f | %.0f | %.2f | %s / %s | %d / %d ms | %.1f / %.1f MiB |\n", name, x.eventsPerS, y.eventsPerS, y.eventsPerS/x.eventsPerS,
-				secs(x.proc99), secs(y.proc99), x.cpuPer1000.Milliseconds(), y.cpuPer1000.Milliseconds(), float64(x.peakRSS)/(1<<20), float64(y.peakRSS)/(1<<20))
+			fmt.Printf("| %s | %.0f | %.0f | %.2f | %s / %s | %.3f / %.3f ms | %.1f / %.1f MiB |\n", name, x.eventsPerS, y.eventsPerS, y.eventsPerS/x.eventsPerS,
+				secs(x.proc99), secs(y.proc99), ms(x.cpuPerEvent), ms(y.cpuPerEvent), float64(x.peakRSS)/(1<<20), float64(y.peakRSS)/(1<<20))
 		}
 	}
 }
@@ -73,6 +74,8 @@ func secs(s float64) string {
 	switch {
 	case math.IsNaN(s):
 		return "–"
+	case s < 0.01:
+		return fmt.Sprintf("%.2f ms", s*1000)
 	case s < 1:
 		return fmt.Sprintf("%.0f ms", s*1000)
 	default:

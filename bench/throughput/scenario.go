@@ -3,15 +3,21 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,28 +31,62 @@ import (
 	"example.com/billing/internal/postgres"
 )
 
-func runScenario(sc scenario, b *broker, server string, partitions int32) (result, error) {
+// runOptions are what every scenario of a run shares.
+type runOptions struct {
+	server     string // PostgreSQL maintenance URL
+	partitions int32
+	// outcomePartitions are the outcome topic's (payments.settled).
+	outcomePartitions int32
+	// profileDir, when set, is where heap profiles of serve go (-profile),
+	// taken every profileEvery and at the peak resident set.
+	profileDir   string
+	profileEvery time.Duration
+}
+
+func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 	binary := sc.binary
 	res := result{scenario: sc, broker: b.name}
-	dsn, drop, err := freshDatabase(server, "billing_bench")
+	known, err := knownVars(binary)
+	if err != nil {
+		return res, err
+	}
+	dsn, drop, err := freshDatabase(opts.server, "billing_bench")
 	if err != nil {
 		return res, err
 	}
 	defer drop()
 
-	addrs, names, cleanup, err := b.prepare(partitions)
+	addrs, names, cleanup, err := b.prepare(opts.partitions, opts.outcomePartitions)
 	if err != nil {
 		return res, err
 	}
 	defer cleanup()
 	psp := fakepsp.New(fakepsp.Options{Latency: sc.latency, RateLimit: sc.rateLimit, Seed: 1})
-	pspSrv := httptest.NewServer(psp)
+	counted := &inFlight{next: psp}
+	pspSrv := httptest.NewServer(counted)
 	defer pspSrv.Close()
 
-	env := append(os.Environ(),
-		"KAFKA_BROKERS="+strings.Join(addrs, ","), "KAFKA_TOPIC="+names.topic, "KAFKA_DLQ_TOPIC="+names.dlq, "KAFKA_GROUP_ID="+names.group,
-		"DATABASE_URL="+dsn, "PAYMENT_BASE_URL="+pspSrv.URL, "HTTP_ADDR="+freeAddr(), "LOG_LEVEL=warn")
-	env = append(env, sc.env...)
+	addr := freeAddr()
+	set := []string{"KAFKA_BROKERS=" + strings.Join(addrs, ","), "KAFKA_TOPIC=" + names.topic, "KAFKA_DLQ_TOPIC=" + names.dlq,
+		"KAFKA_OUTCOME_TOPIC=" + names.outcome, "KAFKA_GROUP_ID=" + names.group,
+		"DATABASE_URL=" + dsn, "PAYMENT_BASE_URL=" + pspSrv.URL, "HTTP_ADDR=" + addr, "LOG_LEVEL=warn"}
+	var pprofAddr string
+	if opts.profileDir != "" {
+		if known["DEBUG_PPROF_ADDR"] {
+			pprofAddr = freeAddr()
+			set = append(set, "DEBUG_PPROF_ADDR="+pprofAddr)
+		} else {
+			fmt.Printf("    no heap profiles: %s does not read DEBUG_PPROF_ADDR\n", binary)
+		}
+	}
+	env, dropped := serveEnv(known, os.Environ(), set, sc.env)
+	if len(dropped) > 0 {
+		fmt.Printf("    not passed to %s, which does not read them: %s\n", binary, strings.Join(dropped, " "))
+	}
+	res.maxConcurrency = 1024 // PAYMENT_MAX_CONCURRENCY's default since it exists
+	if v, ok := lookup(env, "PAYMENT_MAX_CONCURRENCY"); ok {
+		res.maxConcurrency, _ = strconv.Atoi(v)
+	}
 	migrate := exec.Command(binary, "migrate")
 	migrate.Env = env
 	if out, err := migrate.CombinedOutput(); err != nil {
@@ -95,19 +135,13 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 	}
 
 	// Start the service and wait until it holds a group session.
-	var addr string
-	for _, kv := range env {
-		if a, ok := strings.CutPrefix(kv, "HTTP_ADDR="); ok {
-			addr = a
-		}
-	}
 	cmd := exec.Command(binary, "serve")
 	cmd.Env = env
 	logs, err := os.CreateTemp("", "billing-bench-*.log")
 	if err != nil {
 		return res, err
 	}
-	defer os.Remove(logs.Name())
+	defer logs.Close()
 	cmd.Stderr, cmd.Stdout = logs, logs
 	if err := cmd.Start(); err != nil {
 		return res, err
@@ -120,6 +154,7 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 		return res, fmt.Errorf("%w (logs in %s)", err, logs.Name())
 	}
 	start := time.Now()
+	res.load0 = loadAverage()
 	cpu0, err := cpuTime(cmd.Process.Pid)
 	if err != nil {
 		return res, err
@@ -128,6 +163,26 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 	if err != nil {
 		return res, err
 	}
+	machine0, err := machineCPU()
+	if err != nil {
+		return res, err
+	}
+	watch := startWatcher(cmd.Process.Pid, addr, pprofAddr, opts.profileDir, slug(sc.name+" "+b.name), opts.profileEvery)
+	finishWatch := func() {
+		if watch == nil {
+			return
+		}
+		var files []string
+		res.memAtPeak, res.peakAnon, files, err = watch.finish()
+		watch = nil
+		if err != nil {
+			fmt.Printf("    profiling: %v\n", err)
+		}
+		if len(files) > 0 {
+			fmt.Printf("    heap profiles: %s\n", strings.Join(files, " "))
+		}
+	}
+	defer finishWatch()
 
 	for {
 		done, err := caughtUp(client, names, end)
@@ -138,7 +193,7 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 			break
 		}
 		if time.Since(start) > 15*time.Minute {
-			return res, errors.New("did not catch up within 15 minutes")
+			return res, fmt.Errorf("did not catch up within 15 minutes (logs in %s)", logs.Name())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -151,9 +206,17 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 	if err != nil {
 		return res, err
 	}
-	res.brokerCPU = time.Duration(float64(broker1-broker0) / float64(res.produced) * 1000)
+	machine1, err := machineCPU()
+	if err != nil {
+		return res, err
+	}
+	res.load1 = loadAverage()
+	finishWatch()
+	res.brokerCPU = time.Duration(float64(broker1-broker0) / float64(res.produced))
 	res.eventsPerS = float64(res.produced) / res.elapsed.Seconds()
-	res.cpuPer1000 = time.Duration(float64(cpu1-cpu0) / float64(res.produced) * 1000)
+	res.cpuPerEvent = time.Duration(float64(cpu1-cpu0) / float64(res.produced))
+	res.serviceCores = (cpu1 - cpu0).Seconds() / res.elapsed.Seconds()
+	res.machineBusy = machine1.busySince(machine0)
 	if res.peakRSS, err = peakRSS(cmd.Process.Pid); err != nil {
 		return res, err
 	}
@@ -166,13 +229,127 @@ func runScenario(sc scenario, b *broker, server string, partitions int32) (resul
 	res.proc50 = families.Histograms["billing_event_processing_seconds"].Quantile(0.5)
 	res.proc99 = families.Histograms["billing_event_processing_seconds"].Quantile(0.99)
 	res.txEvents = mean(families.Histograms["billing_transaction_events"])
+	res.poolWait = math.NaN()
+	if w, ok := families.Values[`go_sql_wait_duration_seconds_total{db_name="billing"}`]; ok {
+		res.poolWait = w / float64(res.produced)
+	}
+	res.maxInFlight = counted.max.Load()
+	res.meanInFlight = float64(counted.busy.Load()) / float64(res.elapsed)
 	st := psp.Stats()
 	res.doubleOrder = st.OrdersChargedTwice
 	res.requests, res.peakPerSecond, res.rateLimited = st.Requests, st.PeakPerSecond, st.RateLimited
-	if st.ChargesCreated != wantCharges {
-		return res, fmt.Errorf("provider created %d charges for %d unique events", st.ChargesCreated, wantCharges)
+	res.complaints = complaints(logs.Name())
+	if st.ChargesCreated != wantCharges || st.OrdersChargedTwice != 0 {
+		return res, fmt.Errorf("provider created %d charges for %d unique events, %d orders charged twice (logs in %s)",
+			st.ChargesCreated, wantCharges, st.OrdersChargedTwice, logs.Name())
 	}
+	os.Remove(logs.Name()) // kept when the scenario failed
 	return res, nil
+}
+
+// inFlight counts the provider requests (POST /v1/charges) being answered:
+// the most at once, and their summed duration, which divided by the
+// measured time is the mean number in flight.
+type inFlight struct {
+	next     http.Handler
+	now, max atomic.Int64
+	busy     atomic.Int64 // nanoseconds
+}
+
+func (f *inFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/v1/charges" {
+		f.next.ServeHTTP(w, r)
+		return
+	}
+	n := f.now.Add(1)
+	for m := f.max.Load(); n > m && !f.max.CompareAndSwap(m, n); m = f.max.Load() {
+	}
+	started := time.Now()
+	defer func() {
+		f.busy.Add(int64(time.Since(started)))
+		f.now.Add(-1)
+	}()
+	f.next.ServeHTTP(w, r)
+}
+
+// complaints summarises serve's warnings and errors (LOG_LEVEL=warn logs
+// nothing else): how many, and the distinct messages, most frequent first.
+func complaints(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	count := map[string]int{}
+	total := 0
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var line struct{ Msg string }
+		if json.Unmarshal(sc.Bytes(), &line) != nil || line.Msg == "" {
+			continue
+		}
+		count[line.Msg]++
+		total++
+	}
+	if total == 0 {
+		return ""
+	}
+	msgs := slices.Collect(maps.Keys(count))
+	slices.SortFunc(msgs, func(a, b string) int { return cmp.Or(count[b]-count[a], strings.Compare(a, b)) })
+	var parts []string
+	for _, m := range msgs[:min(3, len(msgs))] {
+		parts = append(parts, fmt.Sprintf("%d× %q", count[m], m))
+	}
+	return fmt.Sprintf("%d warnings or errors: %s", total, strings.Join(parts, ", "))
+}
+
+// cpuSample is the machine's CPU time so far (/proc/stat), in ticks.
+type cpuSample struct{ busy, total int64 }
+
+func machineCPU() (cpuSample, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuSample{}, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return cpuSample{}, errors.New("/proc/stat: no cpu line")
+	}
+	var s cpuSample
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		s.total += n
+		if i != 3 && i != 4 { // idle, iowait
+			s.busy += n
+		}
+	}
+	return s, nil
+}
+
+// busySince is the share of the machine's CPU time that was busy between
+// the two samples: everyone's, the service's, the database's, the
+// broker's and other engineers'.
+func (s cpuSample) busySince(earlier cpuSample) float64 {
+	if s.total == earlier.total {
+		return math.NaN()
+	}
+	return float64(s.busy-earlier.busy) / float64(s.total-earlier.total)
+}
+
+// loadAverage is the machine's 1-minute load average, as /proc/loadavg
+// says.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }
 
 // caughtUp reports whether the group committed every partition to end.

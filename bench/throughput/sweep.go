@@ -60,35 +60,80 @@ type point struct {
 	perS    float64
 }
 
-// printSweep prints events/s by latency, one column per design, and each
-// design's ratio to the first.
+// printSweep prints, by latency and design: events/s with each design's
+// ratio to the first, then the service's CPU per event, its peak RSS and
+// the provider requests in flight, the columns that say what bounds each
+// design.
 func printSweep(designs []design, latencies []time.Duration, results []result, brokerName string) {
-	perS := map[string]float64{}
+	byName := map[string]result{}
 	for _, r := range results {
 		if r.broker == brokerName {
-			perS[r.name] = r.eventsPerS
+			byName[r.name] = r
 		}
 	}
-	fmt.Printf("\nprovider latency sweep on %s (events/s)\n\n| provider latency |", brokerName)
-	for _, d := range designs {
-		fmt.Printf(" %s |", d.label)
+	header := func(title string, ratios bool) {
+		fmt.Printf("\n%s on %s\n\n| provider latency |", title, brokerName)
+		for _, d := range designs {
+			fmt.Printf(" %s |", d.label)
+		}
+		n := len(designs)
+		if ratios {
+			for _, d := range designs[1:] {
+				fmt.Printf(" %s / %s |", designs[0].label, d.label)
+			}
+			n += len(designs) - 1
+		}
+		fmt.Println()
+		fmt.Print("| --- |" + strings.Repeat(" ---: |", n) + "\n")
 	}
-	for _, d := range designs[1:] {
-		fmt.Printf(" %s / %s |", designs[0].label, d.label)
+	table := func(title string, cell func(r result) string) {
+		header(title, false)
+		for _, l := range latencies {
+			fmt.Printf("| %d ms |", l.Milliseconds())
+			for _, d := range designs {
+				r, ok := byName[scenarioName(d.label, l)]
+				if !ok {
+					fmt.Print(" – |")
+					continue
+				}
+				fmt.Printf(" %s |", cell(r))
+			}
+			fmt.Println()
+		}
 	}
-	fmt.Println()
-	fmt.Print("| --- |" + strings.Repeat(" ---: |", 2*len(designs)-1) + "\n")
+
+	header("provider latency sweep (events/s)", true)
 	for _, l := range latencies {
-		first := perS[scenarioName(designs[0].label, l)]
+		first, okFirst := byName[scenarioName(designs[0].label, l)]
 		fmt.Printf("| %d ms |", l.Milliseconds())
 		for _, d := range designs {
-			fmt.Printf(" %.0f |", perS[scenarioName(d.label, l)])
+			if r, ok := byName[scenarioName(d.label, l)]; ok {
+				fmt.Printf(" %.0f |", r.eventsPerS)
+			} else {
+				fmt.Print(" – |")
+			}
 		}
 		for _, d := range designs[1:] {
-			fmt.Printf(" %.1f× |", first/perS[scenarioName(d.label, l)])
+			if r, ok := byName[scenarioName(d.label, l)]; ok && okFirst {
+				fmt.Printf(" %.1f× |", first.eventsPerS/r.eventsPerS)
+			} else {
+				fmt.Print(" – |")
+			}
 		}
 		fmt.Println()
 	}
+	table("the service's CPU per event (and cores it kept busy)", func(r result) string {
+		return fmt.Sprintf("%.3f ms (%.2f)", ms(r.cpuPerEvent), r.serviceCores)
+	})
+	table("peak RSS of billing serve (anonymous: without the binary's own pages)", func(r result) string {
+		return fmt.Sprintf("%.1f MiB (%.1f)", float64(r.peakRSS)/(1<<20), float64(r.peakAnon)/(1<<20))
+	})
+	table("provider requests in flight: most at once / mean", func(r result) string {
+		return fmt.Sprintf("%d / %.0f", r.maxInFlight, r.meanInFlight)
+	})
+	table("waiting for a database connection, per event (machine CPU busy)", func(r result) string {
+		return fmt.Sprintf("%s (%.0f%%)", secs(r.poolWait), 100*r.machineBusy)
+	})
 }
 
 // writeSweepSVG draws events/s (log scale) against provider latency, one

@@ -157,11 +157,18 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stopHTTP, err := startHTTP(cfg.HTTPAddr, server.NewHandler(ready, reg, log), log, cancel)
+	stopHTTP, err := startHTTP("HTTP_ADDR", cfg.HTTPAddr, server.NewHandler(ready, reg, log), log, cancel)
 	if err != nil {
 		return err
 	}
 	defer stopHTTP()
+	if cfg.PprofAddr != "" {
+		stopPprof, err := startHTTP("DEBUG_PPROF_ADDR", cfg.PprofAddr, server.NewDebugHandler(), log, cancel)
+		if err != nil {
+			return err
+		}
+		defer stopPprof()
+	}
 
 	if err := waitForSchema(ctx, db, schema, log); err != nil || ctx.Err() != nil {
 		return err
@@ -255,7 +262,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 
 	// --- The outbox relay: payment outcome events to KAFKA_OUTCOME_TOPIC,
 	// from whichever replica holds the relay lock.
-	relayCfg, err := kafka.ProducerConfig(cfg.Kafka)
+	relayCfg, err := kafka.OutcomeProducerConfig(cfg.Kafka)
 	if err != nil {
 		return err
 	}
@@ -265,7 +272,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	}
 	defer relayProducer.Close()
 	relay := outbox.NewRelay(db, relayProducer, cfg.Kafka.OutcomeTopic, m, log)
-	relay.MaxBytes = sizes.outcome
+	relay.MaxBytes = min(sizes.outcome, kafka.OutcomeBatchBytes-512) // what the topic and the producer take, less the record's overhead
 	maintenance.Go(func() { relay.Run(ctx) })
 	c, err := kafka.NewConsumer(client, processor, parking, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
@@ -305,15 +312,17 @@ func ignoreStop(ctx context.Context, err error) error {
 	return err
 }
 
-// startHTTP serves handler on addr. A server that fails later cancels ctx
-// through fail. The returned function shuts the server down.
-func startHTTP(addr string, handler http.Handler, log *slog.Logger, fail context.CancelCauseFunc) (func(), error) {
+// startHTTP serves handler on addr, which variable configures (it names
+// the variable when the address cannot be listened on). A server that
+// fails later cancels ctx through fail. The returned function shuts the
+// server down.
+func startHTTP(variable, addr string, handler http.Handler, log *slog.Logger, fail context.CancelCauseFunc) (func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("HTTP_ADDR: %w", err)
+		return nil, fmt.Errorf("%s: %w", variable, err)
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
-	log.Info("http listening", "addr", ln.Addr().String())
+	log.Info("http listening", "addr", ln.Addr().String(), "variable", variable)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			fail(fmt.Errorf("http server: %w", err))

@@ -320,8 +320,27 @@ func (s *Serve) Validate() error {
 	if _, _, err := net.SplitHostPort(s.HTTPAddr); err != nil {
 		errs.add("HTTP_ADDR", "%q is not [host]:port", s.HTTPAddr)
 	}
+	if s.PprofAddr != "" {
+		if _, _, err := net.SplitHostPort(s.PprofAddr); err != nil {
+			errs.add("DEBUG_PPROF_ADDR", "%q is not [host]:port", s.PprofAddr)
+		} else if sameListener(s.PprofAddr, s.HTTPAddr) {
+			errs.add("DEBUG_PPROF_ADDR", "%q is HTTP_ADDR's listener; profiles are served on a port of their own", s.PprofAddr)
+		}
+	}
 	return errors.Join(s.Kafka.Validate(), s.Database.Validate(), s.Payment.Validate(), s.Consumer.Validate(),
 		s.Dedup.Validate(), s.Outbox.Validate(), s.Log.Validate(), errs.err())
+}
+
+// sameListener reports whether two [host]:port addresses would listen on
+// the same port: the same port on the same host, or on every host (an
+// empty host). Port 0 picks a free port, so it never clashes.
+func sameListener(a, b string) bool {
+	ha, pa, errA := net.SplitHostPort(a)
+	hb, pb, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil || pa != pb || pa == "0" {
+		return false
+	}
+	return ha == hb || ha == "" || hb == ""
 }
 
 // LogValue lists the settings with secrets masked.
@@ -332,6 +351,7 @@ func (s Serve) LogValue() slog.Value {
 		slog.Any("payment", s.Payment),
 		slog.Any("consumer", s.Consumer),
 		slog.String("http_addr", s.HTTPAddr),
+		slog.String("debug_pprof_addr", s.PprofAddr),
 		slog.Any("dedup", s.Dedup),
 		slog.Duration("outbox_retention", s.Outbox.Retention),
 		slog.String("log_level", s.Log.Level.String()),

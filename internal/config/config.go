@@ -184,7 +184,12 @@ type Serve struct {
 	Outbox   Outbox
 
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080" help:"address of /healthz, /readyz and /metrics"`
-	Log      Log
+	// PprofAddr, when set, serves Go's runtime profiles on a listener of
+	// their own, never on HTTP_ADDR: the metrics port is reachable by
+	// whatever scrapes it, and a profile shows the process's internals
+	// (and a CPU profile costs CPU while it runs). Off by default.
+	PprofAddr string `env:"DEBUG_PPROF_ADDR" help:"address of a listener of its own serving Go's profiles at /debug/pprof/ (heap, goroutine, CPU; for benchmarks and diagnosis); empty: none. Bind it to 127.0.0.1 or a port only operators reach"`
+	Log       Log
 }
 
 // Migrate is the configuration of `billing migrate`.

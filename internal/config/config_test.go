@@ -99,6 +99,7 @@ var settings = []setting{
 	{"PAYMENT_RECOVER_AFTER", func(c config.Serve) any { return c.Payment.RecoverAfter }},
 	{"OUTBOX_RETENTION", func(c config.Serve) any { return c.Outbox.Retention }},
 	{"HTTP_ADDR", func(c config.Serve) any { return c.HTTPAddr }},
+	{"DEBUG_PPROF_ADDR", func(c config.Serve) any { return c.PprofAddr }},
 	{"DEDUP_RETENTION", func(c config.Serve) any { return c.Dedup.Retention }},
 	{"DEDUP_ALLOW_SHORT_RETENTION", func(c config.Serve) any { return c.Dedup.AllowShortRetention }},
 	{"LOG_LEVEL", func(c config.Serve) any { return c.Log.Level }},
@@ -155,6 +156,7 @@ func TestLoad_Defaults(t *testing.T) {
 			"PAYMENT_RECOVER_AFTER":       time.Minute, // the longer of 1m and 2 × PAYMENT_TIMEOUT
 			"OUTBOX_RETENTION":            72 * time.Hour,
 			"HTTP_ADDR":                   ":8080",
+			"DEBUG_PPROF_ADDR":            "", // no profiles
 			"DEDUP_RETENTION":             168 * time.Hour,
 			"DEDUP_ALLOW_SHORT_RETENTION": false,
 			"LOG_LEVEL":                   slog.LevelInfo,
@@ -199,6 +201,7 @@ func TestLoad_Values(t *testing.T) {
 			"PAYMENT_RECOVER_AFTER":       30 * time.Second,
 			"OUTBOX_RETENTION":            96 * time.Hour,
 			"HTTP_ADDR":                   "127.0.0.1:9000",
+			"DEBUG_PPROF_ADDR":            "127.0.0.1:6060",
 			"DEDUP_RETENTION":             720 * time.Hour,
 			"DEDUP_ALLOW_SHORT_RETENTION": true,
 			"LOG_LEVEL":                   slog.LevelDebug,
@@ -266,6 +269,9 @@ func TestLoad_Values(t *testing.T) {
 		{"OK_DatabaseKeyValueForm", []string{"DATABASE_URL=host=db port=5432 dbname=billing sslmode=disable"}, nil},
 		{"OK_PaymentHTTPWithPathPrefix", []string{"PAYMENT_BASE_URL=http://psp:8080/api/"}, nil},
 		{"OK_HTTPAddrAnyHost", []string{"HTTP_ADDR=:0"}, nil},
+		{"OK_PprofAddrAnotherPort", []string{"DEBUG_PPROF_ADDR=127.0.0.1:6060"}, nil},
+		{"OK_PprofAddrSamePortOtherHost", []string{"HTTP_ADDR=10.0.0.1:8080", "DEBUG_PPROF_ADDR=127.0.0.1:8080"}, nil},
+		{"OK_PprofAddrBothFreePorts", []string{"HTTP_ADDR=127.0.0.1:0", "DEBUG_PPROF_ADDR=127.0.0.1:0"}, nil},
 		{"OK_RetentionOneDay", []string{"DEDUP_RETENTION=24h"}, nil},
 		{"OK_LogLevelUpperCase", []string{"LOG_LEVEL=WARN"}, func(t *testing.T, cfg config.Serve) {
 			if cfg.Log.Level != slog.LevelWarn {
@@ -364,6 +370,9 @@ func TestLoad_Errors(t *testing.T) {
 		{"ErrPaymentTimeoutTooLong", []string{"PAYMENT_TIMEOUT=6m"}, "PAYMENT_TIMEOUT", ""},
 		{"ErrHTTPAddrNoPort", []string{"HTTP_ADDR=8080"}, "HTTP_ADDR", ""},
 		{"ErrHTTPAddrHostOnly", []string{"HTTP_ADDR=localhost"}, "HTTP_ADDR", ""},
+		{"ErrPprofAddrNoPort", []string{"DEBUG_PPROF_ADDR=6060"}, "DEBUG_PPROF_ADDR", ""},
+		{"ErrPprofAddrHTTPAddrsListener", []string{"DEBUG_PPROF_ADDR=:8080"}, "DEBUG_PPROF_ADDR", "HTTP_ADDR"},
+		{"ErrPprofAddrHTTPAddrsPortOnEveryHost", []string{"HTTP_ADDR=127.0.0.1:9000", "DEBUG_PPROF_ADDR=:9000"}, "DEBUG_PPROF_ADDR", "HTTP_ADDR"},
 		{"ErrDedupRetentionTooShort", []string{"DEDUP_RETENTION=23h59m"}, "DEDUP_RETENTION", ""},
 		{"ErrDedupRetentionZero", []string{"DEDUP_RETENTION=0s"}, "DEDUP_RETENTION", ""},
 		{"ErrDedupRetentionUnparsable", []string{"DEDUP_RETENTION=7d"}, "DEDUP_RETENTION", ""},

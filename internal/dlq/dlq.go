@@ -77,27 +77,22 @@ type Writer struct {
 	// Producer.MaxMessageBytes, which sarama checks against the
 	// uncompressed size.
 	maxRecord, maxWhole int
-	zstd                *zstd.Encoder // estimates the compressed size, as sarama compresses
 	metrics             *metrics.Metrics
 	closeOnce           sync.Once
 	closeErr            error
 }
 
 // NewWriter returns a Writer that writes to topic through producer, which must be
-// idempotent, wait for all in-sync replicas and compress with zstd
-// (ProducerConfig). maxRecordBytes is the topic's max.message.bytes
-// (DescribeTopic); 0 assumes DefaultMaxRecordBytes. It counts what it
+// idempotent, wait for all in-sync replicas and compress with zstd at
+// kafka.ZstdLevel (ProducerConfig). maxRecordBytes is the topic's
+// max.message.bytes (DescribeTopic); 0 assumes DefaultMaxRecordBytes. It counts what it
 // parked in m.
 func NewWriter(producer sarama.SyncProducer, topic, group string, maxRecordBytes int, m *metrics.Metrics) *Writer {
 	if maxRecordBytes <= 0 {
 		maxRecordBytes = DefaultMaxRecordBytes
 	}
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1))
-	if err != nil {
-		panic(err) // only for invalid options, which these are not
-	}
 	return &Writer{producer: producer, topic: topic, group: group,
-		maxRecord: maxRecordBytes, maxWhole: maxMessageBytes, zstd: enc, metrics: m}
+		maxRecord: maxRecordBytes, maxWhole: maxMessageBytes, metrics: m}
 }
 
 // Park writes m to the dead-letter topic and returns once the broker
@@ -154,8 +149,23 @@ func (d *Writer) fits(m *sarama.ConsumerMessage) bool {
 	case raw+recordOverhead > d.maxWhole:
 		return false
 	}
-	compressed := len(d.zstd.EncodeAll(m.Value, nil))
-	return len(m.Key)+compressed+headersSize(m.Headers)+recordOverhead <= d.maxRecord
+	return len(m.Key)+compressedSize(m.Value)+headersSize(m.Headers)+recordOverhead <= d.maxRecord
+}
+
+// compressedSize is how large value becomes compressed as the producer
+// compresses it (zstd at kafka.ZstdLevel). The encoder lives for the call:
+// only a message above the topic's limit is measured, and for one that
+// large the encoder grows a history buffer of megabytes (8.6 MB at a 64 KiB
+// block and more) that a Writer keeping it would hold for the life of the
+// process; it was also 0.5 MB of tables from the start.
+func compressedSize(value []byte) int {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.EncoderLevelFromZstd(kafka.ZstdLevel)),
+		zstd.WithEncoderConcurrency(1), zstd.WithLowerEncoderMem(true))
+	if err != nil {
+		panic(err) // only for invalid options, which these are not
+	}
+	defer enc.Close()
+	return len(enc.EncodeAll(value, nil))
 }
 
 // whole is m as it is, with the dead-letter headers.
@@ -281,5 +291,6 @@ func ProducerConfig(k config.Kafka) (*sarama.Config, error) {
 		return nil, err
 	}
 	cfg.Producer.MaxMessageBytes = maxMessageBytes
+	cfg.Producer.CompressionLevel = kafka.ZstdLevel
 	return cfg, nil
 }

@@ -478,3 +478,32 @@ func TestCharge_CarriesTheCallersTraceparent(t *testing.T) {
 		t.Errorf("traceparent = %q, want %q", got.Load(), want)
 	}
 }
+
+// The connections' buffers are smaller than a request or an answer can be:
+// a request with a long API key and an answer with kilobytes of headers
+// and body still go through whole.
+func TestCharge_RequestsAndAnswersLargerThanTheBuffers(t *testing.T) {
+	t.Parallel()
+	longKey := "sk_live_" + strings.Repeat("k", 3000)
+	padding := `{"id":"ch_1","status":"succeeded","metadata":"` + strings.Repeat("m", 5000) + `"}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.Header.Get("Authorization") != "Bearer "+longKey || string(body) != wantBody {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		for i := range 20 { // a provider's many headers: about 4 KB
+			w.Header().Set(fmt.Sprintf("X-Provider-Header-%d", i), strings.Repeat("h", 200))
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, padding)
+	}))
+	t.Cleanup(srv.Close)
+	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, APIKey: longKey, MaxConcurrency: 2})
+	for range 3 { // and again on the kept-alive connection
+		ch, err := c.Charge(context.Background(), charge)
+		if err != nil || ch.ID != "ch_1" {
+			t.Fatalf("Charge = %+v, %v; want ch_1", ch, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -47,6 +48,20 @@ func NewHandler(ready Readiness, gatherer prometheus.Gatherer, log *slog.Logger)
 	r.Get("/readyz", handleReadyz(ready, log))
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	return r
+}
+
+// NewDebugHandler returns Go's runtime profiles (net/http/pprof) under
+// /debug/pprof/: the index, heap, allocs, goroutine, CPU profile and
+// execution trace. serve puts it on a listener of its own
+// (DEBUG_PPROF_ADDR), off by default; NewHandler never serves it.
+func NewDebugHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index) // the named profiles: heap, allocs, goroutine, ...
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 // handleHealthz answers 200 while the process is alive: a liveness probe

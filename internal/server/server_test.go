@@ -151,3 +151,34 @@ func TestReadyz_MissingACLsAreNamed(t *testing.T) {
 		t.Fatalf("/readyz = %d %q, want 503 %q", rec.Code, body.Missing, want)
 	}
 }
+
+// Profiles are served by the debug handler only: the operational router,
+// whose port is scraped from outside, has no /debug/pprof/.
+func TestDebugHandler_ServesProfilesTheOperationalRouterDoesNot(t *testing.T) {
+	t.Parallel()
+	debug := server.NewDebugHandler()
+	ops := server.NewHandler(server.Readiness{
+		SchemaVersion: func(context.Context) (int64, error) { return 1, nil },
+		WantSchema:    1,
+		Writable:      func(context.Context) error { return nil },
+		Consumer:      func() bool { return true },
+	}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	get := func(h http.Handler, path string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec
+	}
+	for _, path := range []string{"/debug/pprof/heap", "/debug/pprof/allocs", "/debug/pprof/goroutine"} {
+		rec := get(debug, path)
+		// A protobuf profile, gzip-compressed: what go tool pprof reads.
+		if body := rec.Body.Bytes(); rec.Code != http.StatusOK || len(body) < 2 || body[0] != 0x1f || body[1] != 0x8b {
+			t.Errorf("debug handler %s: %d, %d bytes; want 200 and a gzip-compressed profile", path, rec.Code, len(body))
+		}
+		if rec := get(ops, path); rec.Code != http.StatusNotFound {
+			t.Errorf("operational router %s: %d, want 404", path, rec.Code)
+		}
+	}
+	if rec := get(debug, "/debug/pprof/"); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "heap") {
+		t.Errorf("debug handler index: %d, want 200 listing the profiles", rec.Code)
+	}
+}
