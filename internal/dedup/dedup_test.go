@@ -263,7 +263,7 @@ func TestRetention_OneMaintainerAtATime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.ExecContext(context.Background(), `SELECT pg_advisory_lock($1)`, int64(0x62696c6c_64656475)); err != nil {
+	if _, err := conn.ExecContext(context.Background(), `SELECT pg_advisory_lock($1)`, int64(postgres.LockDedupRetention)); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := dedup.NewRetention(db, 7*24*time.Hour, 3, m, log).Run(context.Background())

@@ -10,11 +10,8 @@ import (
 
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/partition"
+	"example.com/billing/internal/postgres"
 )
-
-// maintenanceLock is the session advisory lock that makes one maintainer of
-// many do the work (replicas of serve, the CronJob).
-const maintenanceLock = 0x62696c6c_64656475 // "billdedu"
 
 // Retention keeps processed_event bounded: it creates the daily partitions
 // ahead of time and drops the ones wholly older than the retention.
@@ -58,7 +55,7 @@ type Report struct {
 func (r *Retention) Run(ctx context.Context) (Report, error) {
 	now := r.now().UTC()
 	rep := Report{Horizon: now.Add(-r.keep)}
-	ran, err := partition.Exclusive(ctx, r.db, maintenanceLock, func(conn *sqlx.Conn) error {
+	ran, err := partition.Exclusive(ctx, r.db, postgres.LockDedupRetention, func(conn *sqlx.Conn) error {
 		return r.run(ctx, conn, now, &rep)
 	})
 	rep.Skipped = !ran

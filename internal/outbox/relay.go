@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,10 +19,6 @@ import (
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/postgres"
 )
-
-// relayLock is the session advisory lock that makes one replica of many the
-// relay ("billoutb"): one publisher keeps one order's outcomes in order.
-const relayLock = 0x62696c6c_6f757462
 
 // Relay publishes the outbox's rows to the outcome topic.
 //
@@ -59,19 +54,19 @@ func NewRelay(db *sqlx.DB, producer sarama.SyncProducer, topic string, m *metric
 		Poll: 50 * time.Millisecond, Batch: 500, MaxBytes: 1 << 20}
 }
 
-// Run relays until ctx is done: it waits to become the relay, then
-// publishes until it loses the lock or ctx ends.
+// Run relays until ctx is done: it waits to become the relay (the holder
+// of postgres.LockOutboxRelay), then publishes until it loses the lock or
+// ctx ends.
 func (r *Relay) Run(ctx context.Context) {
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval = 500 * time.Millisecond
 	retry.MaxInterval = 5 * time.Second
 	for ctx.Err() == nil {
-		lead, err := r.lead(ctx)
-		if err == nil && lead != nil {
+		_, err := postgres.WithSessionLock(ctx, r.db, postgres.LockOutboxRelay, func(conn *sqlx.Conn) error {
 			retry.Reset()
-			err = r.relay(ctx, lead)
-			lead.Close()
-		}
+			r.log.Info("relaying payment outcome events", "topic", r.topic)
+			return r.relay(ctx, conn)
+		})
 		if ctx.Err() != nil {
 			return
 		}
@@ -87,25 +82,6 @@ func (r *Relay) Run(ctx context.Context) {
 	}
 }
 
-// lead takes a connection and the relay lock on it; it returns a nil
-// connection when another replica holds the lock.
-func (r *Relay) lead(ctx context.Context) (*sqlx.Conn, error) {
-	conn, err := r.db.Connx(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("relay connection: %w", err)
-	}
-	var locked bool
-	if err := conn.GetContext(ctx, &locked, `SELECT pg_try_advisory_lock($1)`, int64(relayLock)); err != nil || !locked {
-		conn.Close()
-		if err != nil {
-			return nil, fmt.Errorf("relay lock: %w", err)
-		}
-		return nil, nil
-	}
-	r.log.Info("relaying payment outcome events", "topic", r.topic)
-	return conn, nil
-}
-
 // row is an unpublished outbox row.
 type row struct {
 	EventID     uuid.UUID `db:"event_id"`
@@ -116,13 +92,8 @@ type row struct {
 }
 
 // relay publishes on conn, which holds the relay lock, until ctx ends or a
-// statement fails; it releases the lock by ending the session.
+// statement fails.
 func (r *Relay) relay(ctx context.Context, conn *sqlx.Conn) error {
-	defer func() {
-		// Closing a pooled connection would only return it to the pool with
-		// the lock held: discard the session instead.
-		conn.Raw(func(any) error { return driver.ErrBadConn }) //nolint:errcheck // the error is the point
-	}()
 	const next = `
 SELECT event_id, order_id, event_type, payload, traceparent FROM outbox
 WHERE published_at IS NULL AND NOT dead

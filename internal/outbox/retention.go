@@ -9,10 +9,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"example.com/billing/internal/partition"
+	"example.com/billing/internal/postgres"
 )
-
-// retentionLock makes one maintainer of many keep the outbox ("billoutr").
-const retentionLock = 0x62696c6c_6f757472
 
 // Retention keeps the outbox bounded: it creates the daily partitions ahead
 // of time and drops the days older than keep once every row in them is
@@ -49,7 +47,7 @@ type RetentionReport struct {
 func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 	var rep RetentionReport
 	now := r.now().UTC()
-	ran, err := partition.Exclusive(ctx, r.db, retentionLock, func(conn *sqlx.Conn) error {
+	ran, err := partition.Exclusive(ctx, r.db, postgres.LockOutboxRetention, func(conn *sqlx.Conn) error {
 		existing, err := Table.List(ctx, conn)
 		if err != nil {
 			return err

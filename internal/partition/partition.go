@@ -12,7 +12,6 @@ package partition
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -21,6 +20,8 @@ import (
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+
+	"example.com/billing/internal/postgres"
 )
 
 // Table is a table partitioned by the day of its UUID v7 key.
@@ -168,36 +169,20 @@ func quoteIdent(s string) string {
 	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
 }
 
-// Exclusive runs fn on a connection of its own holding the session advisory
-// lock key, unless another session holds it: then it returns false without
-// running fn. Maintainers of one table (replicas of serve, the CronJob) use
-// it so that one of them works at a time. The lock is released whatever
-// happens to ctx: a pooled connection that kept it would block every later
-// maintainer.
-func Exclusive(ctx context.Context, db *sqlx.DB, key int64, fn func(conn *sqlx.Conn) error) (bool, error) {
-	conn, err := db.Connx(ctx)
-	if err != nil {
-		return false, fmt.Errorf("maintenance connection: %w", err)
-	}
-	defer conn.Close()
-	var locked bool
-	if err := conn.GetContext(ctx, &locked, `SELECT pg_try_advisory_lock($1)`, key); err != nil {
-		return false, fmt.Errorf("maintenance lock: %w", err)
-	}
-	if !locked {
-		return false, nil
-	}
-	defer func() {
-		if _, err := conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, key); err != nil {
-			// Discard the connection: closing the session releases its lock.
-			conn.Raw(func(any) error { return driver.ErrBadConn }) //nolint:errcheck // the error is the point
+// Exclusive runs fn as the one maintainer of a table: on a connection of its
+// own holding the session advisory lock key (postgres.WithSessionLock),
+// unless another session holds it: then it returns false without running
+// fn. Maintainers of one table (replicas of serve, the CronJob) use it so
+// that one of them works at a time.
+func Exclusive(ctx context.Context, db *sqlx.DB, key postgres.Lock, fn func(conn *sqlx.Conn) error) (bool, error) {
+	return postgres.WithSessionLock(ctx, db, key, func(conn *sqlx.Conn) error {
+		// Never queue behind a long transaction for a parent's lock: that
+		// would block every insert queued behind this one. Fail and try
+		// next time.
+		if _, err := conn.ExecContext(ctx, `SET lock_timeout = '5s'`); err != nil {
+			return fmt.Errorf("set lock_timeout: %w", err)
 		}
-	}()
-	// Never queue behind a long transaction for a parent's lock: that would
-	// block every insert queued behind this one. Fail and try next time.
-	if _, err := conn.ExecContext(ctx, `SET lock_timeout = '5s'`); err != nil {
-		return true, fmt.Errorf("set lock_timeout: %w", err)
-	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), `RESET lock_timeout`) //nolint:errcheck // the connection returns to the pool either way
-	return true, fn(conn)
+		defer conn.ExecContext(context.WithoutCancel(ctx), `RESET lock_timeout`) //nolint:errcheck // the connection returns to the pool either way
+		return fn(conn)
+	})
 }

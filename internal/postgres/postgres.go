@@ -114,11 +114,11 @@ func InTx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 
 // Migrate applies the embedded migrations that db has not seen yet.
 //
-// A PostgreSQL session advisory lock serializes concurrent runs (several pods
-// starting at once, a Job and a developer), so running it twice, or from two
-// processes at once, is safe.
+// A PostgreSQL session advisory lock (LockMigrations) serializes concurrent
+// runs (several pods starting at once, a Job and a developer), so running it
+// twice, or from two processes at once, is safe.
 func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) error {
-	locker, err := lock.NewPostgresSessionLocker()
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(LockMigrations)))
 	if err != nil {
 		return fmt.Errorf("migration lock: %w", err)
 	}
