@@ -113,6 +113,9 @@ func TestMaintain_CreatesAheadDropsExpiredAndReports(t *testing.T) {
 	if rep.Partitions != 8+5 {
 		t.Errorf("partitions = %d, want 13 (7 back, today, 5 ahead)", rep.Partitions)
 	}
+	if !strings.Contains(logs.String(), "DEDUP_PARTITIONS_AHEAD is an earlier name of PARTITIONS_AHEAD") {
+		t.Errorf("maintain read DEDUP_PARTITIONS_AHEAD without naming PARTITIONS_AHEAD:\n%s", logs.String())
+	}
 	if err := run(t.Context(), []string{"billing", "maintain"}, map[string]string{"DATABASE_URL": h.dsn, "DEDUP_RETENTION": "1h"}, &out, &logs); err == nil || !strings.Contains(err.Error(), "DEDUP_RETENTION") {
 		t.Errorf("maintain with a 1h retention = %v, want an error naming DEDUP_RETENTION", err)
 	}

@@ -8,14 +8,10 @@ import (
 	"io"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/outbox"
-	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 )
 
@@ -23,10 +19,10 @@ const maintainHelp = `
 Runs billing's maintenance once, for a Kubernetes CronJob, and prints what
 it did as JSON on stdout:
   - the dedup store's retention: creates processed_event's daily partitions
-    DEDUP_PARTITIONS_AHEAD days ahead and drops those older than
-    DEDUP_RETENTION;
-  - the outbox's retention: creates its partitions ahead and drops the days
-    older than OUTBOX_RETENTION whose outcome events are all published;
+    PARTITIONS_AHEAD days ahead and drops those older than DEDUP_RETENTION;
+  - the outbox's retention: creates its partitions PARTITIONS_AHEAD days
+    ahead and drops the days older than OUTBOX_RETENTION whose outcome
+    events are all published;
   - charge attempts: reports those pending and those older than
     PAYMENT_IDEMPOTENCY_WINDOW (never retried: they need a human) and, with
     PAYMENT_BASE_URL set, completes the ones nobody worked on for
@@ -49,14 +45,27 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 		return err
 	}
 	log := newLogger(stderr, cfg.Log)
+	for _, notice := range config.Renamed(environ) {
+		log.Warn(notice)
+	}
 	db, err := postgres.Open(cfg.Database.URL, 2)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer db.Close()
 	m := metrics.New(prometheus.NewRegistry())
-	r := dedup.NewRetention(db, cfg.Dedup.Retention, cfg.Dedup.PartitionsAhead, m, log)
-	rep, err := r.Run(ctx)
+
+	// Without a provider the recoverer only reports.
+	var payer billing.Payer
+	if cfg.Payment.BaseURL == "" {
+		log.Info("PAYMENT_BASE_URL is not set: charge attempts left pending are reported, not completed")
+	} else {
+		client := newPayer(cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, nil, m)
+		defer client.Close()
+		payer = client
+	}
+	recoverer := billing.NewRecoverer(db, payer, cfg.Payment.IdempotencyWindow, m, log)
+	rep, err := newMaintenance(db, cfg.Dedup, cfg.Outbox, cfg.Partitions, recoverer, cfg.Payment.RecoverAfter, m, log).once(ctx)
 	if err != nil {
 		if postgres.IsConfigError(err) {
 			return fmt.Errorf("DATABASE_URL: %w", err)
@@ -66,37 +75,10 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 	if rep.Skipped {
 		log.Info("another maintainer is running; nothing to do")
 	}
-
-	orep, err := outbox.NewRetention(db, cfg.Outbox.Retention, cfg.Dedup.PartitionsAhead, log).Run(ctx)
-	if err != nil {
+	if err := json.NewEncoder(stdout).Encode(rep); err != nil {
 		return err
 	}
-
-	pay := cfg.Payment
-	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, ProviderWindow: pay.IdempotencyWindow}
-	var attempts billing.RecoveryReport
-	if pay.BaseURL == "" {
-		log.Info("PAYMENT_BASE_URL is not set: charge attempts left pending are reported, not completed")
-		proc := billing.NewProcessor(db, dedup.NewStore(""), nil, horizon, m, noop.NewTracerProvider(), log)
-		attempts, err = proc.ReportPending(ctx)
-	} else {
-		client := payment.New(payment.Config{BaseURL: pay.BaseURL, APIKey: pay.APIKey, Timeout: pay.Timeout,
-			MaxConcurrency: pay.MaxConcurrency, MaxRPS: pay.MaxRPS}, m)
-		defer client.Close()
-		proc := billing.NewProcessor(db, dedup.NewStore(""), client, horizon, m, noop.NewTracerProvider(), log)
-		attempts, err = proc.Recover(ctx, pay.RecoverAfter)
-	}
-	if err != nil {
-		return err
-	}
-	if err := json.NewEncoder(stdout).Encode(struct {
-		dedup.Report
-		Outbox   outbox.RetentionReport `json:"outbox"`
-		Attempts billing.RecoveryReport `json:"chargeAttempts"`
-	}{rep, orep, attempts}); err != nil {
-		return err
-	}
-	if rep.NotOwner || orep.NotOwner {
+	if rep.NotOwner || rep.Outbox.NotOwner {
 		// serve, running as billing_runtime, drops nothing either: the
 		// CronJob must fail, and be alerted on, rather than let the dedup
 		// store and the outbox grow for ever.

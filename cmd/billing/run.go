@@ -21,7 +21,7 @@ Usage: billing <command> [flags]
 Commands:
   serve      consume order.confirmed.v1 events and charge them; serves /healthz, /readyz, /metrics
   migrate    apply the embedded database migrations and exit (safe to run twice, and concurrently)
-  maintain   dedup-store retention: create processed_event partitions ahead, drop expired ones, exit
+  maintain   the tables' upkeep, once: partitions ahead and expired ones dropped, charge attempts left pending
   demo       the whole pipeline on this machine (embedded broker, fake provider), then a summary
   produce    publish order.confirmed.v1 events: valid, duplicated and invalid, at a rate
   devkafka   an embedded Kafka-protocol broker for development (in memory, kfake; not Apache Kafka)

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
@@ -25,7 +27,6 @@ import (
 	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
-	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/server"
 	"example.com/billing/internal/tracing"
@@ -60,7 +61,7 @@ func serve(ctx context.Context, args []string, environ map[string]string, stdout
 	}
 	log := newLogger(logw, cfg.Log)
 	log.Info("billing starting", "version", version, "config", cfg)
-	for _, notice := range config.Retired(environ) {
+	for _, notice := range append(config.Retired(environ), config.Renamed(environ)...) {
 		log.Warn(notice)
 	}
 
@@ -103,147 +104,61 @@ const shutdownSlack = 4 * time.Second
 
 // runService runs the consumer and the HTTP server until ctx is done, then
 // drains. It returns nil when ctx ended, also while it was still starting.
+// Each step below starts one part, top to bottom, and the deferred calls
+// stop them in the reverse order.
 func runService(ctx context.Context, cfg config.Serve, environ map[string]string, log *slog.Logger) error {
-	// --- Tracing: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set.
-	tp, stopTracing, err := tracing.NewProvider(ctx, environ, version)
+	tp, stopTracing, err := startTracing(ctx, environ, log)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := stopTracing(ctx); err != nil {
-			log.Warn("flush traces", "err", err)
-		}
-	}()
-
-	// --- Metrics: a registry of our own, never the global one.
+	defer stopTracing()
+	// A registry of our own, never the global one.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 
-	// --- PostgreSQL. Open validates the URL; the server may still be away.
-	db, err := postgres.Open(cfg.Database.URL, cfg.Database.MaxConns)
-	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	defer db.Close()
-	reg.MustRegister(collectors.NewDBStatsCollector(db.DB, "billing"))
-	schema, err := postgres.Version()
+	db, schema, err := openDatabase(cfg.Database, reg)
 	if err != nil {
 		return err
 	}
+	defer db.Close()
 
-	// --- HTTP first, so that liveness answers while dependencies come up.
-	var consumer atomic.Pointer[kafka.Consumer]
-	var proc atomic.Pointer[billing.Processor]
-	var acls permissions
-	ready := server.Readiness{
-		SchemaVersion: func(ctx context.Context) (int64, error) { return postgres.SchemaVersion(ctx, db) },
-		Writable: func(ctx context.Context) error {
-			if p := proc.Load(); p != nil {
-				if err := p.WriteRefusal(); err != nil {
-					return err
-				}
-			}
-			return postgres.CheckWritable(ctx, db)
-		},
-		WantSchema: schema,
-		Consumer: func() bool {
-			c := consumer.Load()
-			return c != nil && c.Ready()
-		},
-		MissingACLs: acls.Missing,
-	}
+	// HTTP first, so that liveness answers while dependencies come up. A
+	// server that fails cancels ctx with the failure as its cause.
+	var live liveParts
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stopHTTP, err := startHTTP("HTTP_ADDR", cfg.HTTPAddr, server.NewHandler(ready, reg, log), log, cancel)
+	stopHTTP, err := startHTTPServers(cfg, live.readiness(db, schema), reg, log, cancel)
 	if err != nil {
 		return err
 	}
 	defer stopHTTP()
-	if cfg.PprofAddr != "" {
-		stopPprof, err := startHTTP("DEBUG_PPROF_ADDR", cfg.PprofAddr, server.NewDebugHandler(), log, cancel)
-		if err != nil {
-			return err
-		}
-		defer stopPprof()
-	}
-
 	if err := waitForSchema(ctx, db, schema, log); err != nil || ctx.Err() != nil {
 		return err
 	}
 
-	// --- Retention of the dedup store and the outbox: partitions ahead,
-	// expired ones dropped. One replica of many does the work (advisory
-	// locks); the others skip.
-	retention := dedup.NewRetention(db, cfg.Dedup.Retention, cfg.Dedup.PartitionsAhead, m, log)
-	outboxRetention := outbox.NewRetention(db, cfg.Outbox.Retention, cfg.Dedup.PartitionsAhead, log)
-	maintain := func(ctx context.Context) error {
-		_, err := retention.Run(ctx)
-		_, oerr := outboxRetention.Run(ctx)
-		return errors.Join(err, oerr)
-	}
-	if err := maintain(ctx); err != nil && ctx.Err() == nil {
-		log.Warn("maintenance failed at start; the writers create missing partitions themselves", "err", err)
-	}
-	var maintenance sync.WaitGroup
-	defer func() { cancel(nil); maintenance.Wait() }() // stopped before the pool closes under it
-	maintenance.Go(func() { every(ctx, cfg.Dedup.MaintenanceInterval, "maintenance", log, maintain) })
-
-	// --- Kafka: the consumer's client and the dead-letter producer.
-	brokers := cfg.Kafka.Brokers
-	client, err := connectKafka(ctx, cfg.Kafka, cfg.Consumer, log)
-	if err != nil {
-		return ignoreStop(ctx, err)
-	}
-	defer client.Close()
-	// Every permission serve needs, before it takes anything: a missing
-	// one would otherwise show only at its first use (the first message
-	// to park, the first outcome to publish), after messages were taken.
-	need := kafkaacl.Serve(cfg.Kafka)
-	if err := awaitACLs(ctx, log, client, cfg.Kafka, need, &acls); err != nil {
-		return ignoreStop(ctx, err)
-	}
-	maintenance.Go(func() { watchACLs(ctx, log, client, cfg.Kafka, need, &acls) })
-	sizes, err := awaitKafka(ctx, log, brokers, "the topics' settings", func() (topicSizes, error) {
-		return checkTopics(client, cfg, m, log)
-	}, nil)
-	if err != nil {
-		return ignoreStop(ctx, err)
-	}
-	if _, err := awaitKafka(ctx, log, brokers, "the consumer group's committed offsets", func() (struct{}, error) {
-		logStart(client, cfg.Kafka, log)
-		return struct{}{}, nil
-	}, nil); err != nil {
-		return ignoreStop(ctx, err)
-	}
-	producerCfg, err := dlq.ProducerConfig(cfg.Kafka)
-	if err != nil {
-		return err
-	}
-	producer, err := awaitKafka(ctx, log, brokers, "the dead-letter producer's connection", func() (sarama.SyncProducer, error) {
-		return sarama.NewSyncProducer(brokers, producerCfg)
-	}, func(p sarama.SyncProducer) { _ = p.Close() })
-	if err != nil {
-		return ignoreStop(ctx, fmt.Errorf("dead-letter producer: %w", err))
-	}
-	parking := dlq.NewWriter(producer, cfg.Kafka.DLQTopic, cfg.Kafka.GroupID, sizes.dlq, m)
-	defer parking.Close()
-
-	// --- The pipeline: payment client, processor, consumer.
-	payer := payment.New(payment.Config{
-		BaseURL:        cfg.Payment.BaseURL,
-		APIKey:         cfg.Payment.APIKey,
-		Timeout:        cfg.Payment.Timeout,
-		MaxConcurrency: cfg.Payment.MaxConcurrency,
-		MaxRPS:         cfg.Payment.MaxRPS,
-		TracerProvider: tp,
-	}, m)
+	// The provider's client outlives the background work that charges
+	// through it (maintenance's recovery), which stops first.
+	payer := newPayer(cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, tp, m)
 	defer payer.Close()
 	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew, ProviderWindow: cfg.Payment.IdempotencyWindow}
 	processor := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
-	proc.Store(processor)
+	live.proc.Store(processor)
+	var background sync.WaitGroup
+	defer func() { cancel(nil); background.Wait() }() // stopped before the pool closes under it
+	startMaintenance(ctx, &background, cfg, db, processor, m, log)
+
+	k, err := joinKafka(ctx, &background, cfg, &live.acls, m, log)
+	if err != nil {
+		return ignoreStop(ctx, err)
+	}
+	defer k.client.Close()
+	parking, err := newParking(ctx, cfg.Kafka, k.sizes, m, log)
+	if err != nil {
+		return ignoreStop(ctx, err)
+	}
+	defer parking.Close()
+
 	// The processor's writers outlive ctx: after SIGTERM the consumer's
 	// drain still claims and settles what finishes in time. They stop once
 	// the consumer is done.
@@ -251,30 +166,14 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	var writers sync.WaitGroup
 	writers.Go(func() { processor.Run(writersCtx) })
 	defer func() { stopWriters(); writers.Wait() }()
-	// Charge attempts a crash left pending are completed by any replica,
-	// and the pending and expired ones reported, whatever the consumer does.
-	maintenance.Go(func() {
-		every(ctx, recoverInterval(cfg.Payment.RecoverAfter), "charge attempt recovery", log, func(ctx context.Context) error {
-			_, err := processor.Recover(ctx, cfg.Payment.RecoverAfter)
-			return err
-		})
-	})
 
-	// --- The outbox relay: payment outcome events to KAFKA_OUTCOME_TOPIC,
-	// from whichever replica holds the relay lock.
-	relayCfg, err := kafka.OutcomeProducerConfig(cfg.Kafka)
+	stopRelay, err := startRelay(ctx, &background, cfg.Kafka, db, k.sizes, m, log)
 	if err != nil {
 		return err
 	}
-	relayProducer, err := sarama.NewSyncProducer(cfg.Kafka.Brokers, relayCfg)
-	if err != nil {
-		return fmt.Errorf("outcome producer: %w", err)
-	}
-	defer relayProducer.Close()
-	relay := outbox.NewRelay(db, relayProducer, cfg.Kafka.OutcomeTopic, m, log)
-	relay.MaxBytes = min(sizes.outcome, kafka.OutcomeBatchBytes-512) // what the topic and the producer take, less the record's overhead
-	maintenance.Go(func() { relay.Run(ctx) })
-	c, err := kafka.NewConsumer(client, processor, parking, kafka.Options{
+	defer stopRelay()
+
+	c, err := kafka.NewConsumer(k.client, processor, parking, kafka.Options{
 		Topic:              cfg.Kafka.Topic,
 		Group:              cfg.Kafka.GroupID,
 		MaxInFlight:        cfg.Consumer.MaxInFlight,
@@ -287,20 +186,196 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	if err != nil {
 		return fmt.Errorf("consumer group: %w", err)
 	}
-	consumer.Store(c)
+	live.consumer.Store(c)
+	consume(ctx, c, cfg.Kafka, log)
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
+}
 
+// startTracing starts the tracer provider: off unless
+// OTEL_EXPORTER_OTLP_ENDPOINT is set. stop flushes the spans still
+// buffered.
+func startTracing(ctx context.Context, environ map[string]string, log *slog.Logger) (tp trace.TracerProvider, stop func(), err error) {
+	tp, shutdown, err := tracing.NewProvider(ctx, environ, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	return tp, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdown(ctx); err != nil {
+			log.Warn("flush traces", "err", err)
+		}
+	}, nil
+}
+
+// openDatabase opens serve's pool, its statistics in reg, and returns the
+// schema version this binary needs. Open validates the URL; the server may
+// still be away.
+func openDatabase(cfg config.Pool, reg *prometheus.Registry) (*sqlx.DB, int64, error) {
+	db, err := postgres.Open(cfg.URL, cfg.MaxConns)
+	if err != nil {
+		return nil, 0, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	schema, err := postgres.Version()
+	if err != nil {
+		db.Close()
+		return nil, 0, err
+	}
+	reg.MustRegister(collectors.NewDBStatsCollector(db.DB, "billing"))
+	return db, schema, nil
+}
+
+// liveParts are the parts of the service that readiness asks about, set
+// as they come up.
+type liveParts struct {
+	consumer atomic.Pointer[kafka.Consumer]
+	proc     atomic.Pointer[billing.Processor]
+	acls     permissions
+}
+
+// readiness is /readyz's view of the service: the database's schema and
+// writes, the consumer's group session, the principal's Kafka permissions.
+func (l *liveParts) readiness(db *sqlx.DB, schema int64) server.Readiness {
+	return server.Readiness{
+		SchemaVersion: func(ctx context.Context) (int64, error) { return postgres.SchemaVersion(ctx, db) },
+		Writable: func(ctx context.Context) error {
+			if p := l.proc.Load(); p != nil {
+				if err := p.WriteRefusal(); err != nil {
+					return err
+				}
+			}
+			return postgres.CheckWritable(ctx, db)
+		},
+		WantSchema: schema,
+		Consumer: func() bool {
+			c := l.consumer.Load()
+			return c != nil && c.Ready()
+		},
+		MissingACLs: l.acls.Missing,
+	}
+}
+
+// startHTTPServers serves /healthz, /readyz and /metrics on HTTP_ADDR and,
+// when DEBUG_PPROF_ADDR is set, the profiles on a listener of their own.
+// stop shuts them down.
+func startHTTPServers(cfg config.Serve, ready server.Readiness, reg *prometheus.Registry, log *slog.Logger, fail context.CancelCauseFunc) (stop func(), err error) {
+	stopHTTP, err := startHTTP("HTTP_ADDR", cfg.HTTPAddr, server.NewHandler(ready, reg, log), log, fail)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.PprofAddr == "" {
+		return stopHTTP, nil
+	}
+	stopPprof, err := startHTTP("DEBUG_PPROF_ADDR", cfg.PprofAddr, server.NewDebugHandler(), log, fail)
+	if err != nil {
+		stopHTTP()
+		return nil, err
+	}
+	return func() { stopPprof(); stopHTTP() }, nil
+}
+
+// startMaintenance runs the tables' upkeep in background: the retention
+// of processed_event and the outbox once now and every
+// PARTITION_MAINTENANCE_INTERVAL, and the recovery of the charge attempts
+// left pending, through processor, whatever the consumer does. One replica
+// of many does each piece of work (advisory locks, leases); the others
+// skip.
+func startMaintenance(ctx context.Context, background *sync.WaitGroup, cfg config.Serve, db *sqlx.DB, processor *billing.Processor, m *metrics.Metrics, log *slog.Logger) {
+	mt := newMaintenance(db, cfg.Dedup.DedupRetention, cfg.Outbox, cfg.Maintenance.Partitions, processor.Recoverer(), cfg.Payment.RecoverAfter, m, log)
+	if _, err := mt.retention(ctx); err != nil && ctx.Err() == nil {
+		log.Warn("maintenance failed at start; the writers create missing partitions themselves", "err", err)
+	}
+	mt.schedule(ctx, background, cfg.Maintenance.Interval)
+}
+
+// kafkaLink is serve's connection to the brokers, and what it learnt of
+// its topics at start.
+type kafkaLink struct {
+	client sarama.Client
+	sizes  topicSizes
+}
+
+// joinKafka connects to the brokers and waits until serve's principal has
+// every permission serve needs, before it takes anything: a missing one
+// would otherwise show only at its first use (the first message to park,
+// the first outcome to publish), after messages were taken. It keeps
+// checking them in background, reads the topics' settings (the dedup
+// horizon's check) and says where the group starts.
+func joinKafka(ctx context.Context, background *sync.WaitGroup, cfg config.Serve, acls *permissions, m *metrics.Metrics, log *slog.Logger) (kafkaLink, error) {
+	brokers := cfg.Kafka.Brokers
+	client, err := connectKafka(ctx, cfg.Kafka, cfg.Consumer, log)
+	if err != nil {
+		return kafkaLink{}, err
+	}
+	need := kafkaacl.Serve(cfg.Kafka)
+	if err := awaitACLs(ctx, log, client, cfg.Kafka, need, acls); err != nil {
+		client.Close()
+		return kafkaLink{}, err
+	}
+	background.Go(func() { watchACLs(ctx, log, client, cfg.Kafka, need, acls) })
+	sizes, err := awaitKafka(ctx, log, brokers, "the topics' settings", func() (topicSizes, error) {
+		return checkTopics(client, cfg, m, log)
+	}, nil)
+	if err == nil {
+		_, err = awaitKafka(ctx, log, brokers, "the consumer group's committed offsets", func() (struct{}, error) {
+			logStart(client, cfg.Kafka, log)
+			return struct{}{}, nil
+		}, nil)
+	}
+	if err != nil {
+		client.Close()
+		return kafkaLink{}, err
+	}
+	return kafkaLink{client: client, sizes: sizes}, nil
+}
+
+// newParking returns the dead-letter writer, once its producer connected.
+func newParking(ctx context.Context, k config.Kafka, sizes topicSizes, m *metrics.Metrics, log *slog.Logger) (*dlq.Writer, error) {
+	producerCfg, err := dlq.ProducerConfig(k)
+	if err != nil {
+		return nil, err
+	}
+	producer, err := awaitKafka(ctx, log, k.Brokers, "the dead-letter producer's connection", func() (sarama.SyncProducer, error) {
+		return sarama.NewSyncProducer(k.Brokers, producerCfg)
+	}, func(p sarama.SyncProducer) { _ = p.Close() })
+	if err != nil {
+		return nil, fmt.Errorf("dead-letter producer: %w", err)
+	}
+	return dlq.NewWriter(producer, k.DLQTopic, k.GroupID, sizes.dlq, m), nil
+}
+
+// startRelay runs the outbox relay in background: payment outcome events
+// to KAFKA_OUTCOME_TOPIC, from whichever replica holds the relay lock.
+// stop closes its producer.
+func startRelay(ctx context.Context, background *sync.WaitGroup, k config.Kafka, db *sqlx.DB, sizes topicSizes, m *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
+	relayCfg, err := kafka.OutcomeProducerConfig(k)
+	if err != nil {
+		return nil, err
+	}
+	producer, err := sarama.NewSyncProducer(k.Brokers, relayCfg)
+	if err != nil {
+		return nil, fmt.Errorf("outcome producer: %w", err)
+	}
+	relay := outbox.NewRelay(db, producer, k.OutcomeTopic, m, log)
+	relay.MaxBytes = min(sizes.outcome, kafka.OutcomeBatchBytes-512) // what the topic and the producer take, less the record's overhead
+	background.Go(func() { relay.Run(ctx) })
+	return func() { _ = producer.Close() }, nil
+}
+
+// consume runs the consumer group until ctx is done and the consumer has
+// drained, saying meanwhile when it waits for a group session.
+func consume(ctx context.Context, c *kafka.Consumer, k config.Kafka, log *slog.Logger) {
 	var watch sync.WaitGroup
 	watchCtx, stopWatch := context.WithCancel(ctx)
-	watch.Go(func() { watchSession(watchCtx, c.Ready, log, brokers, cfg.Kafka.GroupID) })
+	watch.Go(func() { watchSession(watchCtx, c.Ready, log, k.Brokers, k.GroupID) })
 	if err := c.Run(ctx); err != nil {
 		log.Warn("consumer group close", "err", err)
 	}
 	stopWatch()
 	watch.Wait()
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-		return cause
-	}
-	return nil
 }
 
 // ignoreStop returns nil when err comes from ctx ending (a shutdown while
@@ -395,31 +470,6 @@ func checkTopics(client sarama.Client, cfg config.Serve, m *metrics.Metrics, log
 // topicSizes are the largest records the outcome topic and the dead-letter
 // topic accept (max.message.bytes), as the broker says at start.
 type topicSizes struct{ outcome, dlq int }
-
-// every runs job every interval until ctx is done. A failed run is logged
-// and tried again at the next tick: maintenance that is late only delays
-// work that stays recorded.
-func every(ctx context.Context, interval time.Duration, what string, log *slog.Logger, job func(context.Context) error) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := job(ctx); err != nil && ctx.Err() == nil {
-			log.Warn(what+" failed; retrying at the next interval", "err", err, "interval", interval.String())
-		}
-	}
-}
-
-// recoverInterval is how often serve looks for charge attempts left pending:
-// a quarter of the idle time it waits for, so that an orphan is completed
-// soon after it qualifies, within [5s, 1m].
-func recoverInterval(after time.Duration) time.Duration {
-	return min(max(after/4, 5*time.Second), time.Minute)
-}
 
 func retentionText(l kafka.TopicLimits) string {
 	if l.Forever {

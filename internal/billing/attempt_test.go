@@ -137,7 +137,7 @@ func TestProcess_AfterADeclinedAttemptTheNextEventCharges(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry())
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	t.Cleanup(payer.Close)
-	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
+	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
 
 	if res := process(t, proc, b); res[0].Outcome != billing.Charged {
@@ -166,10 +166,10 @@ func TestRecover_CompletesAttemptsLeftPending(t *testing.T) {
 	f.psp.SetOptions(fakepsp.Options{DeclineEvery: 60})
 	proc, m := f.restart(t)
 	// Not idle for long enough yet: left alone.
-	if rep, err := proc.Recover(context.Background(), time.Hour); err != nil || rep.Pending != 2 || len(rep.Completed) != 0 {
+	if rep, err := proc.Recoverer().Recover(context.Background(), time.Hour); err != nil || rep.Pending != 2 || len(rep.Completed) != 0 {
 		t.Fatalf("Recover(1h) = %+v, %v; want 2 pending, none taken", rep, err)
 	}
-	rep, err := proc.Recover(context.Background(), 0)
+	rep, err := proc.Recoverer().Recover(context.Background(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,8 +185,42 @@ func TestRecover_CompletesAttemptsLeftPending(t *testing.T) {
 	if got := f.count(t, `SELECT count(*) FROM charge WHERE event_id = $1 AND status = 'succeeded'`, ev.ID); got != 1 {
 		t.Errorf("the orphan is not settled as succeeded")
 	}
-	if rep, err := proc.Recover(context.Background(), 0); err != nil || rep.Pending != 0 {
+	if rep, err := proc.Recoverer().Recover(context.Background(), 0); err != nil || rep.Pending != 0 {
 		t.Errorf("a second run: %+v, %v; want nothing pending", rep, err)
+	}
+}
+
+// billing maintain's recoverer, of a process that consumes nothing, reports
+// the attempts left pending without a payer and completes them with one.
+func TestRecoverer_StandaloneReportsWithoutAPayerAndCompletesWithOne(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{FailRate: 1})
+	ev, value := newEvent(t, 81, time.Now())
+	if res, _ := f.proc.Process(context.Background(), messages(value)); res[0].Outcome != billing.Pending {
+		t.Fatalf("event: %v, want pending", res[0].Outcome)
+	}
+	f.psp.SetOptions(fakepsp.Options{})
+	before := f.psp.Stats().Requests
+	m := metrics.New(prometheus.NewRegistry())
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	rep, err := billing.NewRecoverer(f.db, nil, 24*time.Hour, m, log).Recover(context.Background(), 0)
+	if err != nil || rep.Pending != 1 || len(rep.Completed) != 0 {
+		t.Fatalf("without a payer: %+v, %v; want 1 pending, none completed", rep, err)
+	}
+	if got := f.psp.Stats().Requests; got != before {
+		t.Errorf("without a payer the provider got %d requests, want none", got-before)
+	}
+
+	srv := httptest.NewServer(f.psp)
+	t.Cleanup(srv.Close)
+	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
+	t.Cleanup(payer.Close)
+	rep, err = billing.NewRecoverer(f.db, payer, 24*time.Hour, m, log).Recover(context.Background(), 0)
+	if err != nil || rep.Completed["succeeded"] != 1 {
+		t.Fatalf("with a payer: %+v, %v; want one succeeded", rep, err)
+	}
+	if got := f.count(t, `SELECT count(*) FROM charge WHERE event_id = $1 AND status = 'succeeded'`, ev.ID); got != 1 {
+		t.Errorf("the attempt is not settled as succeeded")
 	}
 }
 
@@ -207,7 +241,7 @@ func TestRecover_AttemptPastTheProviderWindowIsReportedNotRetried(t *testing.T) 
 	before := f.psp.Stats().Requests
 
 	proc, m := f.restart(t)
-	rep, err := proc.Recover(context.Background(), 0)
+	rep, err := proc.Recoverer().Recover(context.Background(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +313,7 @@ func TestProcess_ReplayOfARejectedEventAsksAgain(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry())
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	t.Cleanup(payer.Close)
-	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
+	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if res := process(t, proc, value); res[0].Outcome != billing.Charged {
 		t.Fatalf("replay: %v, want charged", res[0].Outcome)

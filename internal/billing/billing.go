@@ -140,17 +140,10 @@ type Horizon struct {
 	// MaxFutureSkew is how far ahead of this clock an event id may be.
 	MaxFutureSkew time.Duration
 	// ProviderWindow is how long the provider keeps an idempotency key
-	// (PAYMENT_IDEMPOTENCY_WINDOW; 0 means 24h). A pending attempt older
-	// than that could be charged a second time if asked again: it is
-	// reported, never retried blindly.
+	// (PAYMENT_IDEMPOTENCY_WINDOW). A pending attempt older than that
+	// could be charged a second time if asked again: it is reported, never
+	// retried blindly.
 	ProviderWindow time.Duration
-}
-
-func (h Horizon) providerWindow() time.Duration {
-	if h.ProviderWindow <= 0 {
-		return 24 * time.Hour
-	}
-	return h.ProviderWindow
 }
 
 // Message is one consumed event to settle.
@@ -212,8 +205,8 @@ const maxRounds = 8
 // NewProcessor returns a Processor that records in db, deduplicates with
 // store, charges through payer and parks events outside horizon. Run
 // starts its writers, a quarter of db's connections for claims and as many
-// for settles (at least one each). A Processor without a payer can only
-// ReportPending.
+// for settles (at least one each). Its Recoverer completes the attempts
+// left pending.
 func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *Processor {
 	return &Processor{db: db, dedup: store, payer: payer, horizon: horizon, metrics: m,
 		tracer: tp.Tracer("example.com/billing/internal/billing"), log: log, now: time.Now,
@@ -391,7 +384,7 @@ func (p *Processor) decide(c *call, j *job) {
 	switch {
 	case c.expired:
 		// Parked; the claim records its failure, under its order's lock.
-		j.res.park(reason.StaleEvent, expiredDetail(c.a, own, p.horizon.providerWindow()))
+		j.res.park(reason.StaleEvent, expiredDetail(c.a, own, p.horizon.ProviderWindow))
 		if !p.claims.push(j) {
 			j.finish(ErrStopped)
 		}

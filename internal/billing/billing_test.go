@@ -46,7 +46,7 @@ func newFixture(t *testing.T, opts fakepsp.Options) *fixture {
 	m := metrics.New(prometheus.NewRegistry())
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
 	t.Cleanup(payer.Close)
-	horizon := billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}
+	horizon := billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	return &fixture{db: db, psp: psp, m: m, proc: running(t, billing.NewProcessor(db, dedup.NewStore("test-group"), payer, horizon, m, noop.NewTracerProvider(), log))}
 }
@@ -514,7 +514,7 @@ func TestProcess_EventSettledUnderAnotherGroupIsNotChargedAgain(t *testing.T) {
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	defer payer.Close()
 	other := running(t, billing.NewProcessor(f.db, dedup.NewStore("another-group"), payer,
-		billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}, m, noop.NewTracerProvider(),
+		billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour}, m, noop.NewTracerProvider(),
 		slog.New(slog.NewTextHandler(io.Discard, nil))))
 	res := process(t, other, declined, charged)
 	for i, r := range res {
@@ -551,7 +551,7 @@ func (f *fixture) processorWithSlots(t *testing.T, url string, slots int) *billi
 	m := metrics.New(prometheus.NewRegistry())
 	payer := payment.New(payment.Config{BaseURL: url, Timeout: 5 * time.Second, MaxConcurrency: slots}, m)
 	t.Cleanup(payer.Close)
-	return running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
+	return running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
 }
 
@@ -565,7 +565,7 @@ func (f *fixture) stoppable(t *testing.T) (*billing.Processor, context.Context, 
 	m := metrics.New(prometheus.NewRegistry())
 	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
 	t.Cleanup(payer.Close)
-	p := billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour},
+	p := billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

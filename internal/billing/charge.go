@@ -93,7 +93,7 @@ func (p *Processor) start(ctx context.Context, c *call) bool {
 		return false
 	}
 	id := c.a.EventID
-	window := p.horizon.providerWindow()
+	window := p.horizon.ProviderWindow
 	switch {
 	case p.now().Sub(c.a.CreatedAt) > window:
 		c.expired = true

@@ -3,15 +3,50 @@ package billing
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
-	"example.com/billing/internal/charge"
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"example.com/billing/internal/charge"
+	"example.com/billing/internal/metrics"
 )
 
-// RecoveryReport says what one Recover run found and did.
+// Recoverer completes the charge attempts left pending, which no event's
+// message is completing (a consumer crashed after the claim, or the event
+// was parked before its attempt was answered), and reports the pending and
+// the expired ones.
+//
+// It completes an attempt as the event's own consumer would, through the
+// processor's charge and settle phases, and registers it with the
+// attempts the processor is completing: within one process the consumer
+// and recovery never send the same attempt at the same time. serve builds
+// it from its processor (Processor.Recoverer); maintain, which consumes
+// nothing, builds one of its own (NewRecoverer). Across processes the
+// attempts are taken with a lease (Recover).
+type Recoverer struct {
+	p *Processor
+}
+
+// Recoverer returns the recoverer of p's process, which shares p's
+// registry of the attempts being completed.
+func (p *Processor) Recoverer() *Recoverer { return &Recoverer{p: p} }
+
+// NewRecoverer returns a recoverer for a process that consumes nothing
+// (billing maintain). It charges through payer; with a nil payer it only
+// reports (Recover is Report). window is the provider's idempotency window
+// (PAYMENT_IDEMPOTENCY_WINDOW).
+func NewRecoverer(db *sqlx.DB, payer Payer, window time.Duration, m *metrics.Metrics, log *slog.Logger) *Recoverer {
+	// A processor that is never Run and never given a message: only its
+	// charge and settle phases are used, so it needs no dedup store and
+	// no horizon but the provider's window.
+	return &Recoverer{p: NewProcessor(db, nil, payer, Horizon{ProviderWindow: window}, m, noop.NewTracerProvider(), log)}
+}
+
+// RecoveryReport says what one Recover or Report run found and did.
 type RecoveryReport struct {
 	// Pending is the number of attempts pending when the run started, the
 	// oldest of them created OldestPending ago.
@@ -33,38 +68,29 @@ const recoverBatch = 500
 // maxExpiredListed bounds the expired attempts one run lists and logs.
 const maxExpiredListed = 100
 
-// Recover completes charge attempts left pending: those nobody has worked
-// on for idle (a consumer crashed after the claim, or the event was parked
-// before its attempt was answered). It asks the provider again under the
-// same key and body and settles the answer, as the event's own consumer
-// would. Several replicas may run it at once: each first takes its
-// attempts by touching them in a short transaction, and the others skip
-// what was touched. Attempts older than the provider's idempotency window
-// are counted and listed, never sent.
-func (p *Processor) Recover(ctx context.Context, idle time.Duration) (RecoveryReport, error) {
-	rep, err := p.ReportPending(ctx)
-	if err != nil || rep.Pending == 0 {
+// Recover reports the pending attempts (Report), then completes those
+// nobody has worked on for idle: it asks the provider again under the same
+// key and body and settles the answer, as the event's own consumer would.
+// Several replicas may run it at once: each first takes its attempts by
+// touching them in a short transaction, and the others skip what was
+// touched. Attempts older than the provider's idempotency window are
+// counted and listed, never sent. A recoverer without a payer only
+// reports.
+func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryReport, error) {
+	p := r.p
+	rep, err := r.Report(ctx)
+	if err != nil || rep.Pending == 0 || p.payer == nil {
 		return rep, err
 	}
-	window := p.horizon.providerWindow()
+	window := p.horizon.ProviderWindow
 
 	// Take the idle attempts: touching them tells the other replicas (and
 	// the next run) that someone works on them.
-	const take = `
-UPDATE charge SET updated_at = now()
-WHERE event_id IN (
-    SELECT event_id FROM charge
-    WHERE status = 'pending'
-      AND updated_at < now() - make_interval(secs => $1)
-      AND created_at >= now() - make_interval(secs => $2)
-    ORDER BY updated_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED)
-RETURNING ` + charge.Columns
 	var taken []charge.Row
 	err = p.inTx(ctx, "recover", nil, func(tx *sqlx.Tx) error {
-		taken = taken[:0]
-		return tx.SelectContext(ctx, &taken, take, idle.Seconds(), window.Seconds(), recoverBatch)
+		var err error
+		taken, err = charge.TakeIdle(ctx, tx, idle, window, recoverBatch)
+		return err
 	})
 	if err != nil {
 		return rep, fmt.Errorf("take idle charge attempts: %w", err)
@@ -103,35 +129,28 @@ RETURNING ` + charge.Columns
 	return rep, nil
 }
 
-// ReportPending counts the pending charge attempts and those past the
-// provider's idempotency window, sets the metrics and logs the expired ones
-// for a human. It sends nothing.
-func (p *Processor) ReportPending(ctx context.Context) (RecoveryReport, error) {
+// Report counts the pending charge attempts and those past the provider's
+// idempotency window, sets the metrics and logs the expired ones for a
+// human. It sends nothing.
+func (r *Recoverer) Report(ctx context.Context) (RecoveryReport, error) {
+	p := r.p
 	rep := RecoveryReport{Completed: map[string]int{}}
-	window := p.horizon.providerWindow()
+	window := p.horizon.ProviderWindow
 
-	const stats = `
-SELECT count(*),
-       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
-       count(*) FILTER (WHERE created_at < now() - make_interval(secs => $1))
-FROM charge WHERE status = 'pending'`
-	var oldest float64
-	var expired int
-	if err := p.db.QueryRowContext(ctx, stats, window.Seconds()).Scan(&rep.Pending, &oldest, &expired); err != nil {
-		return rep, fmt.Errorf("count pending charge attempts: %w", err)
+	st, err := charge.CountPending(ctx, p.db, window)
+	if err != nil {
+		return rep, err
 	}
-	rep.OldestPending = time.Duration(oldest * float64(time.Second))
-	p.metrics.AttemptsPending.Set(float64(rep.Pending))
-	p.metrics.AttemptsOldestPending.Set(oldest)
-	p.metrics.AttemptsExpired.Set(float64(expired))
-	if expired > 0 {
-		const q = `SELECT event_id FROM charge WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1) ORDER BY created_at LIMIT $2`
-		if err := p.db.SelectContext(ctx, &rep.Expired, q, window.Seconds(), maxExpiredListed); err != nil {
-			return rep, fmt.Errorf("list expired charge attempts: %w", err)
+	rep.Pending, rep.OldestPending = st.Count, st.Oldest
+	p.metrics.AttemptsPending.Set(float64(st.Count))
+	p.metrics.AttemptsOldestPending.Set(st.Oldest.Seconds())
+	p.metrics.AttemptsExpired.Set(float64(st.Expired))
+	if st.Expired > 0 {
+		if rep.Expired, err = charge.PendingBefore(ctx, p.db, window, maxExpiredListed); err != nil {
+			return rep, err
 		}
 		p.log.Error("charge attempts unanswered for longer than the provider's idempotency window; they are not retried blindly: reconcile them with the provider and record their outcome",
-			"count", expired, "window", window.String(), "event_ids", rep.Expired)
+			"count", st.Expired, "window", window.String(), "event_ids", rep.Expired)
 	}
-
 	return rep, nil
 }

@@ -7,6 +7,7 @@ package charge
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
@@ -166,6 +167,65 @@ RETURNING c.event_id, c.status`
 // Get reads the attempts of ids.
 func Get(ctx context.Context, q sqlx.QueryerContext, ids []uuid.UUID) ([]Row, error) {
 	return Select(ctx, q, `WHERE event_id = ANY($1::uuid[])`, texts(ids))
+}
+
+// TakeIdle takes up to limit pending attempts nobody has worked on for idle
+// and that are younger than window, oldest touch first: it touches them
+// (updated_at), which tells other maintainers, and the next run, that
+// someone works on them, and skips rows another transaction holds.
+func TakeIdle(ctx context.Context, tx *sqlx.Tx, idle, window time.Duration, limit int) ([]Row, error) {
+	const q = `
+UPDATE charge SET updated_at = now()
+WHERE event_id IN (
+    SELECT event_id FROM charge
+    WHERE status = $1
+      AND updated_at < now() - make_interval(secs => $2)
+      AND created_at >= now() - make_interval(secs => $3)
+    ORDER BY updated_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED)
+RETURNING ` + Columns
+	var rows []Row
+	if err := tx.SelectContext(ctx, &rows, q, Pending, idle.Seconds(), window.Seconds(), limit); err != nil {
+		return nil, fmt.Errorf("touch idle charge attempts: %w", err)
+	}
+	return rows, nil
+}
+
+// PendingStats is what the charge table holds pending.
+type PendingStats struct {
+	Count  int
+	Oldest time.Duration // the age of the oldest pending attempt, 0 for none
+	// Expired counts the pending attempts older than the window asked for.
+	Expired int
+}
+
+// CountPending counts the pending attempts, the age of the oldest, and those
+// created longer than window ago.
+func CountPending(ctx context.Context, db sqlx.QueryerContext, window time.Duration) (PendingStats, error) {
+	const q = `
+SELECT count(*),
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
+       count(*) FILTER (WHERE created_at < now() - make_interval(secs => $2))
+FROM charge WHERE status = $1`
+	var st PendingStats
+	var oldest float64
+	if err := db.QueryRowxContext(ctx, q, Pending, window.Seconds()).Scan(&st.Count, &oldest, &st.Expired); err != nil {
+		return st, fmt.Errorf("count pending charge attempts: %w", err)
+	}
+	st.Oldest = time.Duration(oldest * float64(time.Second))
+	return st, nil
+}
+
+// PendingBefore lists up to limit pending attempts created longer than
+// window ago, oldest first.
+func PendingBefore(ctx context.Context, db sqlx.QueryerContext, window time.Duration, limit int) ([]uuid.UUID, error) {
+	const q = `SELECT event_id FROM charge WHERE status = $1 AND created_at < now() - make_interval(secs => $2) ORDER BY created_at LIMIT $3`
+	var ids []uuid.UUID
+	if err := sqlx.SelectContext(ctx, db, &ids, q, Pending, window.Seconds(), limit); err != nil {
+		return nil, fmt.Errorf("list expired charge attempts: %w", err)
+	}
+	return ids, nil
 }
 
 func texts(ids []uuid.UUID) pq.StringArray {

@@ -254,14 +254,11 @@ func (c Consumer) LogValue() slog.Value {
 	)
 }
 
-// Validate checks the partition settings.
-func (d *DedupPartitions) Validate() error {
+// Validate checks the dedup store's retention.
+func (d *DedupRetention) Validate() error {
 	var errs Errors
 	if d.Retention < 24*time.Hour {
 		errs.add("DEDUP_RETENTION", "%s is shorter than 24h (partitions are daily)", d.Retention)
-	}
-	if d.PartitionsAhead < 1 || d.PartitionsAhead > 60 {
-		errs.add("DEDUP_PARTITIONS_AHEAD", "%d is outside 1..60", d.PartitionsAhead)
 	}
 	return errs.err()
 }
@@ -269,13 +266,28 @@ func (d *DedupPartitions) Validate() error {
 // Validate checks the dedup store's settings.
 func (d *Dedup) Validate() error {
 	var errs Errors
-	if d.MaintenanceInterval < time.Minute || d.MaintenanceInterval > 24*time.Hour {
-		errs.add("DEDUP_MAINTENANCE_INTERVAL", "%s is outside [1m, 24h]", d.MaintenanceInterval)
-	}
 	if d.MaxFutureSkew < time.Second || d.MaxFutureSkew > 24*time.Hour {
 		errs.add("DEDUP_MAX_FUTURE_SKEW", "%s is outside [1s, 24h]", d.MaxFutureSkew)
 	}
-	return errors.Join(d.DedupPartitions.Validate(), errs.err())
+	return errors.Join(d.DedupRetention.Validate(), errs.err())
+}
+
+// Validate checks how many days of partitions are created ahead.
+func (p *Partitions) Validate() error {
+	var errs Errors
+	if p.Ahead < 1 || p.Ahead > 60 {
+		errs.add("PARTITIONS_AHEAD", "%d is outside 1..60", p.Ahead)
+	}
+	return errs.err()
+}
+
+// Validate checks serve's maintenance schedule.
+func (m *Maintenance) Validate() error {
+	var errs Errors
+	if m.Interval < time.Minute || m.Interval > 24*time.Hour {
+		errs.add("PARTITION_MAINTENANCE_INTERVAL", "%s is outside [1m, 24h]", m.Interval)
+	}
+	return errors.Join(m.Partitions.Validate(), errs.err())
 }
 
 // LogValue lists the dedup store's settings.
@@ -283,8 +295,6 @@ func (d Dedup) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.Duration("retention", d.Retention),
 		slog.Bool("allow_short_retention", d.AllowShortRetention),
-		slog.Int("partitions_ahead", d.PartitionsAhead),
-		slog.Duration("maintenance_interval", d.MaintenanceInterval),
 		slog.Duration("max_future_skew", d.MaxFutureSkew),
 	)
 }
@@ -328,7 +338,7 @@ func (s *Serve) Validate() error {
 		}
 	}
 	return errors.Join(s.Kafka.Validate(), s.Database.Validate(), s.Payment.Validate(), s.Consumer.Validate(),
-		s.Dedup.Validate(), s.Outbox.Validate(), s.Log.Validate(), errs.err())
+		s.Dedup.Validate(), s.Outbox.Validate(), s.Maintenance.Validate(), s.Log.Validate(), errs.err())
 }
 
 // sameListener reports whether two [host]:port addresses would listen on
@@ -354,6 +364,8 @@ func (s Serve) LogValue() slog.Value {
 		slog.String("debug_pprof_addr", s.PprofAddr),
 		slog.Any("dedup", s.Dedup),
 		slog.Duration("outbox_retention", s.Outbox.Retention),
+		slog.Int("partitions_ahead", s.Maintenance.Ahead),
+		slog.Duration("partition_maintenance_interval", s.Maintenance.Interval),
 		slog.String("log_level", s.Log.Level.String()),
 		slog.String("log_format", s.Log.Format),
 	)
@@ -366,7 +378,7 @@ func (m *Migrate) Validate() error {
 
 // Validate checks every setting of maintain.
 func (m *Maintain) Validate() error {
-	return errors.Join(m.Database.Validate(), m.Dedup.Validate(), m.Outbox.Validate(), m.Payment.Validate(), m.Log.Validate())
+	return errors.Join(m.Database.Validate(), m.Dedup.Validate(), m.Partitions.Validate(), m.Outbox.Validate(), m.Payment.Validate(), m.Log.Validate())
 }
 
 func mask(secret string) string {

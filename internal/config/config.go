@@ -126,28 +126,42 @@ type Consumer struct {
 	CommitEveryMessage bool `env:"KAFKA_COMMIT_EVERY_MESSAGE" envDefault:"false" help:"commit offsets synchronously after each message (the seed's behaviour; for benchmarks)"`
 }
 
-// DedupPartitions are the settings of processed_event's daily partitions
-// that both serve and maintain keep: how long an event is remembered and
-// how many days are created ahead.
-type DedupPartitions struct {
+// DedupRetention is how long processed_event remembers an event, which
+// serve judges events by and both serve and maintain keep.
+type DedupRetention struct {
 	// Retention is how long processed_event remembers an event. 720h is
 	// advised for topics that are replayed from a DLQ.
 	Retention time.Duration `env:"DEDUP_RETENTION" envDefault:"168h" help:"how long processed_event remembers an event (720h for topics replayed from a DLQ); at least 24h"`
-	// PartitionsAhead is how many days of partitions exist ahead of today.
-	PartitionsAhead int `env:"DEDUP_PARTITIONS_AHEAD" envDefault:"3" help:"days of processed_event partitions created ahead of today"`
 }
 
 // Dedup holds the settings of the processed_event store.
 type Dedup struct {
-	DedupPartitions
+	DedupRetention
 	// AllowShortRetention starts serve even when Retention is shorter than
 	// what the broker can still redeliver.
 	AllowShortRetention bool `env:"DEDUP_ALLOW_SHORT_RETENTION" envDefault:"false" help:"start even when DEDUP_RETENTION is shorter than the topic's retention"`
-	// MaintenanceInterval is how often serve creates and drops partitions.
-	MaintenanceInterval time.Duration `env:"DEDUP_MAINTENANCE_INTERVAL" envDefault:"1h" help:"how often serve creates and drops processed_event partitions"`
 	// MaxFutureSkew bounds how far ahead of this clock an event id's time
 	// may be; beyond it the event is dead-lettered.
 	MaxFutureSkew time.Duration `env:"DEDUP_MAX_FUTURE_SKEW" envDefault:"1h" help:"how far ahead of this clock an eventId's time may be; later events are dead-lettered"`
+}
+
+// Partitions are the daily partitions of processed_event and of the
+// outbox, which serve and maintain create ahead of time.
+type Partitions struct {
+	// Ahead is how many days of partitions exist ahead of today, in both
+	// tables: a row of a day without one waits for the writer to create
+	// it.
+	Ahead int `env:"PARTITIONS_AHEAD" envDefault:"3" help:"days of daily partitions of processed_event and outbox created ahead of today; DEDUP_PARTITIONS_AHEAD, its earlier name, is still read"`
+}
+
+// Maintenance is serve's schedule of the partitions' upkeep.
+type Maintenance struct {
+	Partitions
+	// Interval is how often serve creates the partitions ahead and drops
+	// the expired ones (processed_event and outbox). The charge attempts
+	// left pending are looked for on a schedule of their own, derived from
+	// PAYMENT_RECOVER_AFTER.
+	Interval time.Duration `env:"PARTITION_MAINTENANCE_INTERVAL" envDefault:"1h" help:"how often serve creates the partitions of processed_event and outbox ahead and drops the expired ones; DEDUP_MAINTENANCE_INTERVAL, its earlier name, is still read"`
 }
 
 // Outbox is the retention of published payment outcome events, which
@@ -182,6 +196,9 @@ type Serve struct {
 	Consumer Consumer
 	Dedup    Dedup
 	Outbox   Outbox
+	// Maintenance is the upkeep of the tables serve runs besides
+	// consuming (maintenance.go in cmd/billing).
+	Maintenance Maintenance
 
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080" help:"address of /healthz, /readyz and /metrics"`
 	// PprofAddr, when set, serves Go's runtime profiles on a listener of
@@ -200,11 +217,12 @@ type Migrate struct {
 
 // Maintain is the configuration of `billing maintain`.
 type Maintain struct {
-	Database Database
-	Dedup    DedupPartitions
-	Outbox   Outbox
-	Payment  OptionalPayment
-	Log      Log
+	Database   Database
+	Dedup      DedupRetention
+	Partitions Partitions
+	Outbox     Outbox
+	Payment    OptionalPayment
+	Log        Log
 }
 
 // Validator is a configuration that can check its own values. Validate
@@ -225,6 +243,7 @@ type normalizer interface {
 // defaults and validates the result. It reports every missing or bad
 // variable at once, as an Errors.
 func Load(environ map[string]string, cfg Validator) error {
+	environ, earlier := withRenamed(environ)
 	errs := emptyButSet(environ, cfg)
 	if err := env.ParseWithOptions(cfg, env.Options{Environment: environ}); err != nil {
 		errs = append(errs, nameVariables(err, cfg)...)
@@ -235,7 +254,7 @@ func Load(environ map[string]string, cfg Validator) error {
 	if !ok {
 		return fmt.Errorf("config: %w", invalid)
 	}
-	return append(errs, more...).tidy(cfg)
+	return append(errs, more...).tidy(cfg, earlier)
 }
 
 // flatten returns the VarErrors of err's tree (a Validate's answer: an

@@ -586,7 +586,7 @@ func TestVars(t *testing.T) {
 		{"OK_Default", config.Var{Name: "KAFKA_BROKERS", Default: "localhost:9092"}},
 		{"OK_Required", config.Var{Name: "DATABASE_URL", Required: true}},
 		{"OK_NoDefault", config.Var{Name: "KAFKA_INSTANCE_ID"}},
-		{"OK_Embedded", config.Var{Name: "DEDUP_PARTITIONS_AHEAD", Default: "3"}},
+		{"OK_Embedded", config.Var{Name: "PARTITIONS_AHEAD", Default: "3"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -659,5 +659,50 @@ func TestRetired(t *testing.T) {
 	}
 	if got := config.Retired(minimalEnv(t)); len(got) != 0 {
 		t.Errorf("Retired without them = %q", got)
+	}
+}
+
+// A variable released under an earlier name keeps working by that name,
+// and the process names the new one; the new name wins when both are set,
+// and an error in a value set by the earlier name names that one.
+func TestRenamed(t *testing.T) {
+	t.Parallel()
+	t.Run("OK_EarlierNames", func(t *testing.T) {
+		t.Parallel()
+		env := minimalEnv(t, "DEDUP_PARTITIONS_AHEAD=5", "DEDUP_MAINTENANCE_INTERVAL=10m")
+		cfg := mustLoad(t, env)
+		if cfg.Maintenance.Ahead != 5 || cfg.Maintenance.Interval != 10*time.Minute {
+			t.Errorf("serve read %+v, want 5 days ahead every 10m", cfg.Maintenance)
+		}
+		var m config.Maintain
+		if err := config.Load(maps.Clone(env), &m); err != nil || m.Partitions.Ahead != 5 {
+			t.Errorf("maintain read %+v, %v; want 5 days ahead", m.Partitions, err)
+		}
+		got := config.Renamed(env)
+		if len(got) != 2 || !strings.HasPrefix(got[0], "DEDUP_MAINTENANCE_INTERVAL is an earlier name of PARTITION_MAINTENANCE_INTERVAL") ||
+			!strings.HasPrefix(got[1], "DEDUP_PARTITIONS_AHEAD is an earlier name of PARTITIONS_AHEAD") {
+			t.Errorf("Renamed = %q", got)
+		}
+	})
+	t.Run("OK_NewNameWins", func(t *testing.T) {
+		t.Parallel()
+		env := minimalEnv(t, "DEDUP_PARTITIONS_AHEAD=5", "PARTITIONS_AHEAD=7")
+		if cfg := mustLoad(t, env); cfg.Maintenance.Ahead != 7 {
+			t.Errorf("PARTITIONS_AHEAD = %d, want 7", cfg.Maintenance.Ahead)
+		}
+		if got := config.Renamed(env); len(got) != 1 || !strings.HasPrefix(got[0], "DEDUP_PARTITIONS_AHEAD is set but ignored: PARTITIONS_AHEAD") {
+			t.Errorf("Renamed = %q", got)
+		}
+	})
+	t.Run("ErrNamesTheEarlierName", func(t *testing.T) {
+		t.Parallel()
+		_, err := load(t, minimalEnv(t, "DEDUP_PARTITIONS_AHEAD=0", "DEDUP_MAINTENANCE_INTERVAL=soon"))
+		var errs config.Errors
+		if !errors.As(err, &errs) || !slices.Equal(errs.Vars(), []string{"DEDUP_PARTITIONS_AHEAD", "DEDUP_MAINTENANCE_INTERVAL"}) {
+			t.Errorf("Load: %v; want DEDUP_PARTITIONS_AHEAD and DEDUP_MAINTENANCE_INTERVAL named", err)
+		}
+	})
+	if got := config.Renamed(minimalEnv(t)); len(got) != 0 {
+		t.Errorf("Renamed without them = %q", got)
 	}
 }

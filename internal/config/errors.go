@@ -53,8 +53,10 @@ func (e Errors) Vars() []string {
 
 // tidy keeps the first error of each variable, in the order cfg declares
 // them, and returns nil when there is none. A value that could not be read
-// leaves its field zero, which Validate would report a second time.
-func (e Errors) tidy(cfg any) error {
+// leaves its field zero, which Validate would report a second time. A
+// variable whose value came from its earlier name (earlier: new name →
+// earlier name) is named as the operator wrote it.
+func (e Errors) tidy(cfg any, earlier map[string]string) error {
 	if len(e) == 0 {
 		return nil
 	}
@@ -77,6 +79,11 @@ func (e Errors) tidy(cfg any) error {
 		}
 	}
 	slices.SortStableFunc(out, func(a, b *VarError) int { return rank(a.Var) - rank(b.Var) })
+	for _, v := range out {
+		if old, ok := earlier[v.Var]; ok {
+			v.Var = old
+		}
+	}
 	return out
 }
 

@@ -61,7 +61,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	defer payer.Close()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	proc := billing.NewProcessor(db, dedup.NewStore(b.Group), payer,
-		billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour}, m, tp, log)
+		billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour}, m, tp, log)
 
 	// Produce inside a producer span, as `billing produce` does.
 	ev, err := order.New(4242, 7, order.Money{Minor: 1999, Currency: "EUR"}, time.Now())

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/trace"
+
+	"example.com/billing/internal/billing"
+	"example.com/billing/internal/config"
+	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/outbox"
+	"example.com/billing/internal/payment"
+)
+
+// maintenance is billing's upkeep of its tables, besides consuming: the
+// daily partitions of processed_event and of the outbox (created ahead,
+// the expired ones dropped) and the charge attempts left pending
+// (completed, and those past the provider's window reported). serve runs
+// it on a schedule (schedule), maintain once (once): both build it here,
+// so that they keep the same tables by the same settings. Advisory locks
+// and leases let several maintainers run at once.
+type maintenance struct {
+	dedup   *dedup.Retention
+	outbox  *outbox.Retention
+	attempt *billing.Recoverer
+	// idle is how long an attempt stays pending with nobody working on it
+	// before it is completed (PAYMENT_RECOVER_AFTER).
+	idle time.Duration
+	log  *slog.Logger
+}
+
+// newMaintenance returns the upkeep of db's tables: processed_event kept
+// for dedupRetention, published outcomes for outboxRetention, parts.Ahead
+// days of partitions ahead in both, and the attempts recoverer completes
+// once idle for idle.
+func newMaintenance(db *sqlx.DB, dedupRetention config.DedupRetention, outboxRetention config.Outbox, parts config.Partitions,
+	recoverer *billing.Recoverer, idle time.Duration, m *metrics.Metrics, log *slog.Logger) *maintenance {
+	return &maintenance{
+		dedup:   dedup.NewRetention(db, dedupRetention.Retention, parts.Ahead, m, log),
+		outbox:  outbox.NewRetention(db, outboxRetention.Retention, parts.Ahead, log),
+		attempt: recoverer,
+		idle:    idle,
+		log:     log,
+	}
+}
+
+// maintenanceReport is what one run of the whole upkeep did: what
+// billing maintain prints.
+type maintenanceReport struct {
+	dedup.Report
+	Outbox   outbox.RetentionReport `json:"outbox"`
+	Attempts billing.RecoveryReport `json:"chargeAttempts"`
+}
+
+// retention runs the retention of processed_event and of the outbox; a
+// failure of one does not keep the other from running.
+func (mt *maintenance) retention(ctx context.Context) (maintenanceReport, error) {
+	var rep maintenanceReport
+	var err, oerr error
+	rep.Report, err = mt.dedup.Run(ctx)
+	rep.Outbox, oerr = mt.outbox.Run(ctx)
+	return rep, errors.Join(err, oerr)
+}
+
+// recoverAttempts completes the charge attempts idle for long enough and
+// reports the pending and the expired ones.
+func (mt *maintenance) recoverAttempts(ctx context.Context) (billing.RecoveryReport, error) {
+	return mt.attempt.Recover(ctx, mt.idle)
+}
+
+// once runs the whole upkeep: the retention, then the charge attempts.
+func (mt *maintenance) once(ctx context.Context) (maintenanceReport, error) {
+	rep, err := mt.retention(ctx)
+	if err != nil {
+		return rep, err
+	}
+	rep.Attempts, err = mt.recoverAttempts(ctx)
+	return rep, err
+}
+
+// schedule runs the retention every interval and the charge attempts'
+// recovery every recoverInterval, in wg, until ctx is done.
+func (mt *maintenance) schedule(ctx context.Context, wg *sync.WaitGroup, interval time.Duration) {
+	wg.Go(func() {
+		every(ctx, interval, "partition maintenance", mt.log, func(ctx context.Context) error {
+			_, err := mt.retention(ctx)
+			return err
+		})
+	})
+	wg.Go(func() {
+		every(ctx, recoverInterval(mt.idle), "charge attempt recovery", mt.log, func(ctx context.Context) error {
+			_, err := mt.recoverAttempts(ctx)
+			return err
+		})
+	})
+}
+
+// every runs job every interval until ctx is done. A failed run is logged
+// and tried again at the next tick: maintenance that is late only delays
+// work that stays recorded.
+func every(ctx context.Context, interval time.Duration, what string, log *slog.Logger, job func(context.Context) error) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := job(ctx); err != nil && ctx.Err() == nil {
+			log.Warn(what+" failed; retrying at the next interval", "err", err, "interval", interval.String())
+		}
+	}
+}
+
+// recoverInterval is how often serve looks for charge attempts left pending:
+// a quarter of the idle time it waits for, so that an orphan is completed
+// soon after it qualifies, within [5s, 1m].
+func recoverInterval(after time.Duration) time.Duration {
+	return min(max(after/4, 5*time.Second), time.Minute)
+}
+
+// newPayer returns the provider's client of serve and maintain, from the
+// provider's settings both read: base is PAYMENT_BASE_URL, tp traces its
+// calls (nil: none).
+func newPayer(base string, limits config.PaymentLimits, tp trace.TracerProvider, m *metrics.Metrics) *payment.Client {
+	return payment.New(payment.Config{
+		BaseURL:        base,
+		APIKey:         limits.APIKey,
+		Timeout:        limits.Timeout,
+		MaxConcurrency: limits.MaxConcurrency,
+		MaxRPS:         limits.MaxRPS,
+		TracerProvider: tp,
+	}, m)
+}
