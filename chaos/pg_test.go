@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -16,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"example.com/billing/internal/freeport"
+	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 )
 
@@ -98,7 +99,7 @@ func newCluster(dir string, o pgOptions) (*pgCluster, error) {
 	if err := c.own(dir); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := freeport.Port()
 	if err != nil {
 		return nil, err
 	}
@@ -291,15 +292,6 @@ func (c *pgCluster) close() {
 func (c *pgCluster) createDatabase(name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := postgres.Recreate(ctx, c.URL("postgres"), name)
+	_, err := pgtest.Recreate(ctx, c.URL("postgres"), name)
 	return err
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

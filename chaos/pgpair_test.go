@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 )
 
@@ -88,7 +89,7 @@ func (p *pgPair) URL(name string) string {
 func (p *pgPair) createDatabase(name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := postgres.Recreate(ctx, p.URL("postgres"), name)
+	_, err := pgtest.Recreate(ctx, p.URL("postgres"), name)
 	return err
 }
 

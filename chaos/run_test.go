@@ -20,6 +20,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/freeport"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/postgres"
 )
@@ -383,7 +384,7 @@ func (r *run) startInSlot(slot int) *consumer {
 	gen := r.starts[slot]
 	r.starts[slot]++
 	r.mu.Unlock()
-	port, err := freePort()
+	port, err := freeport.Port()
 	if err != nil {
 		r.t.Errorf("free port: %v", err)
 		return nil
@@ -658,7 +659,7 @@ func (r *run) checkReadyz(want int, within time.Duration) {
 func (r *run) readTopic(topic string) ([]*sarama.ConsumerMessage, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	return kafka.ReadTopic(ctx, r.client, topic)
+	return devkafka.ReadTopic(ctx, r.client, topic)
 }
 
 // runScenario runs sc: the stream with its faults, the wait for the group,

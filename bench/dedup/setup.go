@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 	"github.com/jmoiron/sqlx"
 )
@@ -35,7 +36,7 @@ func withDB(server, name string, params map[string]string) (string, error) {
 
 func createDatabase(ctx context.Context, server string) (string, error) {
 	name := "billing_bench_" + randomHex(6)
-	if _, err := postgres.Recreate(ctx, server, name); err != nil {
+	if _, err := pgtest.Recreate(ctx, server, name); err != nil {
 		return "", fmt.Errorf("create database on %s: %w", postgres.Redact(server), err)
 	}
 	return name, nil
@@ -45,7 +46,7 @@ func createDatabase(ctx context.Context, server string) (string, error) {
 func dropDatabase(server, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	return postgres.Drop(ctx, server, name)
+	return pgtest.Drop(ctx, server, name)
 }
 
 func randomHex(n int) string {

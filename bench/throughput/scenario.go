@@ -28,7 +28,7 @@ import (
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/pgtest"
 )
 
 // runOptions are what every scenario of a run shares.
@@ -370,11 +370,11 @@ func caughtUp(client sarama.Client, n kafkaNames, end map[int32]int64) (bool, er
 // earlier run) and returns its URL and a function that drops it.
 func freshDatabase(server, name string) (string, func(), error) {
 	ctx := context.Background()
-	dsn, err := postgres.Recreate(ctx, server, name)
+	dsn, err := pgtest.Recreate(ctx, server, name)
 	if err != nil {
 		return "", nil, err
 	}
-	return dsn, func() { _ = postgres.Drop(ctx, server, name) }, nil
+	return dsn, func() { _ = pgtest.Drop(ctx, server, name) }, nil
 }
 
 func waitReady(addr string, timeout time.Duration) error {

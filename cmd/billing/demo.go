@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -20,9 +21,11 @@ import (
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/freeport"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 )
 
@@ -208,9 +211,11 @@ func (d *demo) start(ctx context.Context, serverURL string) error {
 	}
 	fmt.Fprintf(d.stdout, "  provider  %s (fake; %s)\n", d.psp.URL, declines)
 
-	if d.httpAddr, err = freeTCPAddr(); err != nil {
+	port, err := freeport.Port()
+	if err != nil {
 		return err
 	}
+	d.httpAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	env := map[string]string{
 		"KAFKA_BROKERS":    d.broker.Addr(),
 		"DATABASE_URL":     d.dsn,
@@ -446,7 +451,7 @@ func recreateDatabase(ctx context.Context, serverURL, name string) (string, erro
 		}
 		return "", noDatabaseError(serverURL, err)
 	}
-	dsn, err := postgres.Recreate(ctx, serverURL, name)
+	dsn, err := pgtest.Recreate(ctx, serverURL, name)
 	if err != nil {
 		return "", fmt.Errorf("demo: %w", err)
 	}
@@ -463,17 +468,6 @@ database of its own (billing_demo). Start one, for example:
 or point the demo at a server you have:
   DATABASE_URL='postgres://USER:PASSWORD@HOST:5432/postgres?sslmode=disable' make demo`,
 		postgres.Redact(serverURL), err)
-}
-
-// freeTCPAddr returns a 127.0.0.1 address with a port that was free a
-// moment ago, for a server that wants an address rather than a listener.
-func freeTCPAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // commandHint is how to start billing again: argv0, unless it is a

@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -33,6 +32,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"example.com/billing/internal/freeport"
 )
 
 // Options configure a Cluster.
@@ -99,7 +100,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, errors.Join(err, fmt.Errorf("apachekafka: Apache Kafka 4 needs Java 17 or newer; %s is %d (set JAVA_HOME)", java, v))
 	}
 	c := &Cluster{opts: opts, id: clusterID()}
-	ports, err := freePorts(opts.Nodes * 5)
+	ports, err := freeport.Ports(opts.Nodes * 5)
 	if err != nil {
 		return nil, err
 	}
@@ -462,27 +463,6 @@ func clusterID() string {
 			return id
 		}
 	}
-}
-
-// freePorts returns n distinct free loopback ports. They are free when
-// returned; a node binds them a few seconds later.
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // writeProperties writes a Java properties file, keys sorted.

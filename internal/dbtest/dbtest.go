@@ -18,6 +18,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 )
 
@@ -59,14 +60,14 @@ func Empty(t testing.TB) string {
 	name := "billing_test_" + hex.EncodeToString(suffix)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dsn, err := postgres.Recreate(ctx, server, name)
+	dsn, err := pgtest.Recreate(ctx, server, name)
 	if err != nil {
 		t.Fatalf("create test database (is PostgreSQL running at %s?): %v", postgres.Redact(server), err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := postgres.Drop(ctx, server, name); err != nil {
+		if err := pgtest.Drop(ctx, server, name); err != nil {
 			t.Errorf("drop test database %s: %v", name, err)
 		}
 	})

@@ -1,5 +1,6 @@
 // Package devkafka runs an embedded Kafka-protocol broker for local runs,
-// the demo and the tests.
+// the demo and the tests, and reads a small topic whole (ReadTopic) for
+// the demo's summary and the tests' checks.
 //
 // It is franz-go's kfake: a Kafka protocol implementation in Go that sarama
 // reaches over real TCP, exactly as it reaches Apache Kafka. It is a

@@ -41,6 +41,17 @@ const (
 	HeaderOriginalSHA256 = "x-original-sha256"
 )
 
+// Header returns the value of the first header of a record named key, or
+// "" when there is none: how a parked record's headers above are read.
+func Header(headers []*sarama.RecordHeader, key string) string {
+	for _, h := range headers {
+		if h != nil && string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
 // maxReason bounds x-dlq-reason: it is for a human, and must not make a
 // parked message larger than the topic accepts.
 const maxReason = 1024

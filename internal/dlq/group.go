@@ -236,7 +236,7 @@ func (h *replayHandler) republish(ctx context.Context, m *sarama.ConsumerMessage
 	if err != nil {
 		return err
 	}
-	reason := kafka.Header(m.Headers, HeaderReason)
+	reason := Header(m.Headers, HeaderReason)
 	body := m
 	if isReference(m) {
 		original, err := h.r.original(ctx, m)

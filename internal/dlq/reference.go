@@ -15,13 +15,12 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/dlq/reason"
-	"example.com/billing/internal/kafka"
 )
 
 // isReference reports whether m stands for an original too large to park
 // (Writer.Park's reference).
 func isReference(m *sarama.ConsumerMessage) bool {
-	return reason.Parse(kafka.Header(m.Headers, HeaderReason)).Code == reason.Oversize && kafka.Header(m.Headers, HeaderOriginalSHA256) != ""
+	return reason.Parse(Header(m.Headers, HeaderReason)).Code == reason.Oversize && Header(m.Headers, HeaderOriginalSHA256) != ""
 }
 
 // goneError says why a reference's original cannot be fetched back.
@@ -33,9 +32,9 @@ func (e *goneError) Error() string { return e.msg }
 // topic, at the partition and offset it names, and checks its size and
 // SHA-256. It is gone when retention (or compaction) removed it.
 func (r *replayer) original(ctx context.Context, ref *sarama.ConsumerMessage) (*sarama.ConsumerMessage, error) {
-	topic := kafka.Header(ref.Headers, HeaderOriginalTopic)
-	part, perr := strconv.ParseInt(kafka.Header(ref.Headers, HeaderOriginalPartition), 10, 32)
-	off, oerr := strconv.ParseInt(kafka.Header(ref.Headers, HeaderOriginalOffset), 10, 64)
+	topic := Header(ref.Headers, HeaderOriginalTopic)
+	part, perr := strconv.ParseInt(Header(ref.Headers, HeaderOriginalPartition), 10, 32)
+	off, oerr := strconv.ParseInt(Header(ref.Headers, HeaderOriginalOffset), 10, 64)
 	if topic == "" || perr != nil || oerr != nil {
 		return nil, &goneError{fmt.Sprintf("reference %s/%d@%d does not name its original's topic, partition and offset", ref.Topic, ref.Partition, ref.Offset)}
 	}
@@ -65,8 +64,8 @@ func (r *replayer) original(ctx context.Context, ref *sarama.ConsumerMessage) (*
 	select {
 	case m := <-pc.Messages():
 		sum := sha256.Sum256(m.Value)
-		if m.Offset != off || strconv.Itoa(len(m.Value)) != kafka.Header(ref.Headers, HeaderOriginalSize) ||
-			hex.EncodeToString(sum[:]) != kafka.Header(ref.Headers, HeaderOriginalSHA256) {
+		if m.Offset != off || strconv.Itoa(len(m.Value)) != Header(ref.Headers, HeaderOriginalSize) ||
+			hex.EncodeToString(sum[:]) != Header(ref.Headers, HeaderOriginalSHA256) {
 			return nil, &goneError{fmt.Sprintf("%s is gone: the topic holds another message there now (offset %d, %d bytes, other SHA-256)", where, m.Offset, len(m.Value))}
 		}
 		return m, nil

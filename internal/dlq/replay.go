@@ -238,7 +238,7 @@ const (
 func (r *replayer) judge(m *sarama.ConsumerMessage) verdict {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.opts.Reason != "" && reason.Parse(kafka.Header(m.Headers, HeaderReason)).Code != r.opts.Reason {
+	if r.opts.Reason != "" && reason.Parse(Header(m.Headers, HeaderReason)).Code != r.opts.Reason {
 		r.skipped++
 		return replaySkip
 	}
@@ -279,7 +279,7 @@ func (r *replayer) report(d Replayed) {
 // destination is where m goes back to: x-original-topic (or opts.Topic) and
 // x-original-partition when the topic still has it, else the key's hash.
 func (r *replayer) destination(m *sarama.ConsumerMessage) (string, int32, error) {
-	topic := kafka.Header(m.Headers, HeaderOriginalTopic)
+	topic := Header(m.Headers, HeaderOriginalTopic)
 	if topic == "" {
 		topic = r.opts.Topic
 	}
@@ -290,7 +290,7 @@ func (r *replayer) destination(m *sarama.ConsumerMessage) (string, int32, error)
 	if err != nil {
 		return "", 0, err
 	}
-	if p, err := strconv.ParseInt(kafka.Header(m.Headers, HeaderOriginalPartition), 10, 32); err == nil && p >= 0 && int32(p) < n {
+	if p, err := strconv.ParseInt(Header(m.Headers, HeaderOriginalPartition), 10, 32); err == nil && p >= 0 && int32(p) < n {
 		return topic, int32(p), nil
 	}
 	// Without a usable original partition, place it as a producer would.
@@ -383,7 +383,7 @@ func (r *replayer) dryRunPartition(ctx context.Context, consumer sarama.Consumer
 				if err != nil {
 					return err
 				}
-				r.report(Replayed{DLQPartition: p, DLQOffset: m.Offset, Key: m.Key, Reason: kafka.Header(m.Headers, HeaderReason), Topic: topic, Partition: partition})
+				r.report(Replayed{DLQPartition: p, DLQOffset: m.Offset, Key: m.Key, Reason: Header(m.Headers, HeaderReason), Topic: topic, Partition: partition})
 			}
 			if m.Offset+1 >= rg.end {
 				return nil

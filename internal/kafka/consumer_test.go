@@ -21,6 +21,7 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafka"
@@ -604,7 +605,7 @@ func TestConsumer_ADeadLetterOutageIsRetriedNotSkipped(t *testing.T) {
 
 	b.CreateTopic(t, b.DLQTopic, 1, nil)
 	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
-	parked, err := kafka.ReadTopic(context.Background(), client, b.DLQTopic)
+	parked, err := devkafka.ReadTopic(context.Background(), client, b.DLQTopic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -612,7 +613,7 @@ func TestConsumer_ADeadLetterOutageIsRetriedNotSkipped(t *testing.T) {
 		t.Fatalf("dead-letter topic holds %d messages, want bad-0 once", len(parked))
 	}
 	// What does not decode is parked by the consumer, billing never sees it.
-	if got := kafka.Header(parked[0].Headers, dlq.HeaderReason); !strings.HasPrefix(got, "invalid-event: ") {
+	if got := dlq.Header(parked[0].Headers, dlq.HeaderReason); !strings.HasPrefix(got, "invalid-event: ") {
 		t.Errorf("x-dlq-reason %q, want invalid-event: ...", got)
 	}
 	if got := testutil.ToFloat64(mb.metrics.Events.WithLabelValues("invalid")); got != 1 {

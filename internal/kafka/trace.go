@@ -11,18 +11,15 @@ import (
 // consumerHeaders reads trace context from a consumed record's headers.
 type consumerHeaders []*sarama.RecordHeader
 
-// Header returns the value of the first header named key, or "" when there
-// is none: for the DLQ's headers, trace context and the tests.
-func Header(headers []*sarama.RecordHeader, key string) string {
-	for _, h := range headers {
-		if h != nil && string(h.Key) == key {
-			return string(h.Value)
+// Get implements propagation.TextMapCarrier.
+func (h consumerHeaders) Get(key string) string {
+	for _, r := range h {
+		if r != nil && string(r.Key) == key {
+			return string(r.Value)
 		}
 	}
 	return ""
 }
-
-func (h consumerHeaders) Get(key string) string { return Header(h, key) }
 
 func (consumerHeaders) Set(string, string) {}
 

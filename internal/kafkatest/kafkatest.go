@@ -16,6 +16,8 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
 )
 
@@ -140,7 +142,7 @@ func ReadAll(t testing.TB, client sarama.Client, topic string) []*sarama.Consume
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	msgs, err := kafka.ReadTopic(ctx, client, topic)
+	msgs, err := devkafka.ReadTopic(ctx, client, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +150,7 @@ func ReadAll(t testing.TB, client sarama.Client, topic string) []*sarama.Consume
 }
 
 // Header returns the value of header key of m, or "".
-func Header(m *sarama.ConsumerMessage, key string) string { return kafka.Header(m.Headers, key) }
+func Header(m *sarama.ConsumerMessage, key string) string { return dlq.Header(m.Headers, key) }
 
 // ResetOffsets commits offset for every partition of topic on behalf of
 // group, as if the group's earlier commits had been lost. The group must

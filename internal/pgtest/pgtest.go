@@ -9,13 +9,15 @@
 // as a child of the test process that the kernel kills when the process
 // dies. PostgreSQL refuses to run as root: as root, its programs run as the
 // OS user postgres. They come from /usr/lib/postgresql/15/bin, or PG_BIN.
+//
+// Recreate and Drop make and remove a throwaway database on any server,
+// this package's or the shared local one: the demo's, a test's, a
+// benchmark's.
 package pgtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -25,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"example.com/billing/internal/freeport"
 	"example.com/billing/internal/postgres"
 )
 
@@ -123,7 +126,7 @@ func (c *Cluster) command(ctx context.Context, name string, args ...string) *exe
 }
 
 func (c *Cluster) start(ctx context.Context) error {
-	port, err := freePort()
+	port, err := freeport.Port()
 	if err != nil {
 		return err
 	}
@@ -217,17 +220,4 @@ func bin(name string) string {
 		dir = "/usr/lib/postgresql/15/bin"
 	}
 	return filepath.Join(dir, name)
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	addr, ok := ln.Addr().(*net.TCPAddr)
-	if !ok {
-		return 0, errors.New("pgtest: not a TCP address")
-	}
-	return addr.Port, nil
 }

@@ -1,4 +1,4 @@
-package postgres
+package pgtest
 
 import (
 	"context"
@@ -7,18 +7,21 @@ import (
 	"strings"
 
 	"github.com/lib/pq"
+
+	"example.com/billing/internal/postgres"
 )
 
 // Recreate drops the database name on the server of serverURL, if it
 // exists, creates it empty and returns its URL (serverURL with name as its
-// database). It touches no other database. The demo, the tests and the
-// benchmarks make their databases with it; Drop removes one.
+// database). It touches no other database. The demo, the tests, the chaos
+// suite and the benchmarks make their throwaway databases with it; Drop
+// removes one.
 func Recreate(ctx context.Context, serverURL, name string) (string, error) {
 	admin, target, err := adminOf(serverURL, name)
 	if err != nil {
 		return "", err
 	}
-	db, err := Open(admin, 1)
+	db, err := postgres.Open(admin, 1)
 	if err != nil {
 		return "", err
 	}
@@ -39,7 +42,7 @@ func Drop(ctx context.Context, serverURL, name string) error {
 	if err != nil {
 		return err
 	}
-	db, err := Open(admin, 1)
+	db, err := postgres.Open(admin, 1)
 	if err != nil {
 		return err
 	}
@@ -57,7 +60,7 @@ func Drop(ctx context.Context, serverURL, name string) error {
 func adminOf(serverURL, name string) (admin, target string, err error) {
 	u, err := url.Parse(serverURL)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return "", "", fmt.Errorf("%q is not a postgres:// URL", Redact(serverURL))
+		return "", "", fmt.Errorf("%q is not a postgres:// URL", postgres.Redact(serverURL))
 	}
 	a := *u
 	if strings.TrimPrefix(a.Path, "/") == name {

@@ -1,19 +1,21 @@
-package kafka
+package devkafka
 
 import (
 	"context"
 	"fmt"
 
 	"github.com/IBM/sarama"
+
+	"example.com/billing/internal/kafka"
 )
 
-// ReadTopic reads every message of topic that exists now: from each
-// partition's oldest retained offset to its end offset at the call. It is
-// for the demo's summary and the tests' checks, which read a whole small
-// topic; a partition that stops delivering before its end fails the read
-// when ctx ends.
+// ReadTopic reads every message of topic that exists now, on any broker
+// (this package's or Apache Kafka): from each partition's oldest retained
+// offset to its end offset at the call. It is for the demo's summary and
+// the tests' checks, which read a whole small topic; a partition that
+// stops delivering before its end fails the read when ctx ends.
 func ReadTopic(ctx context.Context, client sarama.Client, topic string) ([]*sarama.ConsumerMessage, error) {
-	end, err := EndOffsets(client, topic)
+	end, err := kafka.EndOffsets(client, topic)
 	if err != nil {
 		return nil, err
 	}
