@@ -105,7 +105,8 @@ func ConsumerConfig(k config.Kafka) (*sarama.Config, error) {
 }
 
 // ProducerConfig adds the settings of an idempotent producer that waits for
-// all in-sync replicas: the seed's producer rules.
+// all in-sync replicas: a retried send is written once, and an acknowledged
+// one survives the loss of a broker.
 func ProducerConfig(k config.Kafka) (*sarama.Config, error) {
 	cfg, err := NewConfig(k)
 	if err != nil {

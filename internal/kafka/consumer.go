@@ -1,6 +1,8 @@
 // Package kafka is billing's adapter to Apache Kafka through sarama: the
-// consumer group that feeds events to the billing processor, the dead-letter
-// producer, and the configuration they share.
+// consumer group that feeds events to the billing processor, the sarama
+// configuration of billing's consumer and producers (the dead-letter
+// writer is package dlq, the outcome relay package outbox), and what
+// billing reads of topics and offsets.
 package kafka
 
 import (
@@ -56,8 +58,8 @@ type Options struct {
 	// partition is revoked or the consumer stops.
 	DrainTimeout time.Duration
 	// CommitEveryMessage commits synchronously after each marked offset
-	// instead of once a second (the seed design; a benchmark baseline). It
-	// marks at once, without saving Positions first.
+	// instead of once a second: the benchmark's baseline of a commit per
+	// message. It marks at once, without saving Positions first.
 	CommitEveryMessage bool
 	// Positions, when set, keeps each partition's position in the
 	// database, saved before Kafka may commit it (see Positions).

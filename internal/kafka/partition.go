@@ -476,7 +476,7 @@ func (p *partition) finish(m *message, r billing.Result) {
 	// the database knows. Marking is not committing: sarama's auto-commit
 	// (ConsumerConfig: every second, and at the end of a session) commits
 	// what was marked, and KAFKA_COMMIT_EVERY_MESSAGE marks and commits at
-	// once, as the seed did.
+	// once (the benchmark's baseline).
 	if next, ok := p.tracker.finish(m.msg.Offset); ok {
 		p.pos.done.Store(next)
 		if p.c.positions == nil {

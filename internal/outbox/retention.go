@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"example.com/billing/internal/partition"
 	"example.com/billing/internal/postgres"
@@ -75,7 +76,7 @@ func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 				continue
 			}
 			var unpublished int
-			q := fmt.Sprintf(`SELECT count(*) FROM %q WHERE published_at IS NULL AND NOT dead`, name)
+			q := `SELECT count(*) FROM ` + pq.QuoteIdentifier(name) + ` WHERE published_at IS NULL AND NOT dead`
 			if err := conn.GetContext(ctx, &unpublished, q); err != nil {
 				return fmt.Errorf("count unpublished rows of %s: %w", name, err)
 			}

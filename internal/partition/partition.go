@@ -156,17 +156,13 @@ func (t Table) Drop(ctx context.Context, db sqlx.ExecerContext, name string, inf
 	if info.DetachPending {
 		detach = `ALTER TABLE %s DETACH PARTITION %s FINALIZE`
 	}
-	if _, err := db.ExecContext(ctx, fmt.Sprintf(detach, quoteIdent(string(t)), quoteIdent(name))); err != nil {
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(detach, pq.QuoteIdentifier(string(t)), pq.QuoteIdentifier(name))); err != nil {
 		return fmt.Errorf("detach partition %s: %w", name, err)
 	}
-	if _, err := db.ExecContext(ctx, `DROP TABLE `+quoteIdent(name)); err != nil {
+	if _, err := db.ExecContext(ctx, `DROP TABLE `+pq.QuoteIdentifier(name)); err != nil {
 		return fmt.Errorf("drop partition %s: %w", name, err)
 	}
 	return nil
-}
-
-func quoteIdent(s string) string {
-	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
 }
 
 // Exclusive runs fn as the one maintainer of a table: on a connection of its

@@ -2,9 +2,11 @@
 //
 // Every charge carries Idempotency-Key: <eventId>. That is the second guard on
 // money: when the provider charged but its answer was lost (a reset
-// connection, a timeout), billing's transaction rolls back and the retry with
-// the same key is answered from the provider's idempotency store instead of
-// charging again.
+// connection, a timeout), the charge attempt stays pending in billing's
+// charge table, and whoever completes it (the event's retry, another event
+// of the order, maintenance) asks again with the same key and body, which
+// the provider answers from its idempotency store instead of charging
+// again.
 package payment
 
 import (
