@@ -57,8 +57,9 @@ func knownVars(binary string) (map[string]bool, error) {
 
 // runtimeVars change how any Go program runs: the figures are those of the
 // binary's own defaults, so the benchmark's environment does not pass them
-// on (give them with -env to measure them).
-var runtimeVars = []string{"GOGC", "GOMEMLIMIT", "GODEBUG", "GOMAXPROCS"}
+// on (give them with -env to measure them). SSL_CERT_FILE is which
+// certificates the process trusts: the benchmark's HTTP/2 provider's.
+var runtimeVars = []string{"GOGC", "GOMEMLIMIT", "GODEBUG", "GOMAXPROCS", "SSL_CERT_FILE"}
 
 // serveEnv is the environment of a billing process: the benchmark's own
 // environment without the variables billing reads (tracing's OTEL_* among

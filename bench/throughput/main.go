@@ -121,6 +121,7 @@ func run() error {
 		backlog    = flag.Int("backlog", 0, "instead of the sweep: a backlog of this many large values with distinct keys (-value-bytes each), for peak RSS")
 		valueBytes = flag.Int("value-bytes", 900_000, "size of each -backlog value")
 		codec      = flag.String("compression", "zstd", "codec of the -backlog values: none, gzip, snappy, lz4 or zstd")
+		http2      = flag.Bool("provider-http2", false, "the provider speaks HTTP/2 over TLS (as the large payment providers' APIs do) instead of HTTP/1.1 in the clear")
 		rps        = flag.Bool("rps", true, "also run billing with PAYMENT_MAX_RPS=100 against a provider limited to 100 requests/s")
 		profileDir = flag.String("profile", "", "save heap profiles of serve (inuse_space and alloc_space) in this directory: at the peak resident set (with a goroutine profile and the memory then), every -profile-every and at the end; perturbs what it measures a little: for finding where memory goes, not for the tables (finer samples: -env GODEBUG=memprofilerate=16384)")
 		profEvery  = flag.Duration("profile-every", 5*time.Second, "with -profile: how often to save a heap profile besides the peak's (0: only the peak's and the end's)")
@@ -190,7 +191,7 @@ func run() error {
 	if *outcomeN <= 0 {
 		*outcomeN = *partitions
 	}
-	opts := runOptions{server: *server, partitions: int32(*partitions), outcomePartitions: int32(*outcomeN), profileDir: *profileDir, profileEvery: *profEvery}
+	opts := runOptions{server: *server, partitions: int32(*partitions), outcomePartitions: int32(*outcomeN), profileDir: *profileDir, profileEvery: *profEvery, providerHTTP2: *http2}
 
 	fmt.Printf("machine: %d CPUs, %s; %s; load average %s\n", numCPU(), memTotal(), goVersion(), loadAverage())
 	brokers := make([]*broker, 0, len(kinds))

@@ -79,6 +79,7 @@ func (w *watcher) run() {
 		periodic = t.C
 	}
 	var lastProfile time.Time
+	var lastProfiled int64 // VmRSS when the last peak profile was taken
 	for {
 		select {
 		case <-w.stop:
@@ -99,10 +100,12 @@ func (w *watcher) run() {
 				w.peak = s
 			}
 			w.mu.Unlock()
-			// A profile at each new high, at most once per gap: the last
-			// one taken is the one at (or nearest before) the peak.
-			if higher && w.pprofAddr != "" && time.Since(lastProfile) >= peakProfileGap {
-				lastProfile = time.Now()
+			// A profile at each new high, at most once per gap unless the
+			// resident set grew by a tenth since the last one (a start-up
+			// peak comes within the first second): the last one taken is
+			// the one at (or nearest before) the peak.
+			if higher && w.pprofAddr != "" && (time.Since(lastProfile) >= peakProfileGap || s.rss > lastProfiled+lastProfiled/10) {
+				lastProfile, lastProfiled = time.Now(), s.rss
 				w.note(w.takePeak(s))
 			}
 		}

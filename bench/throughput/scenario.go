@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"maps"
@@ -14,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +43,9 @@ type runOptions struct {
 	// taken every profileEvery and at the peak resident set.
 	profileDir   string
 	profileEvery time.Duration
+	// providerHTTP2: the provider speaks HTTP/2 over TLS, as the large
+	// payment providers' APIs do, instead of HTTP/1.1 in the clear.
+	providerHTTP2 bool
 }
 
 func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
@@ -63,13 +68,29 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 	defer cleanup()
 	psp := fakepsp.New(fakepsp.Options{Latency: sc.latency, RateLimit: sc.rateLimit, Seed: 1})
 	counted := &inFlight{next: psp}
-	pspSrv := httptest.NewServer(counted)
+	pspSrv := httptest.NewUnstartedServer(counted)
+	var trust []string
+	if opts.providerHTTP2 {
+		pspSrv.EnableHTTP2 = true
+		pspSrv.StartTLS()
+		// serve trusts the test server's certificate as Go does a
+		// system's: SSL_CERT_FILE.
+		ca := filepath.Join(os.TempDir(), fmt.Sprintf("bench-provider-%d.pem", os.Getpid()))
+		if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pspSrv.Certificate().Raw}), 0o644); err != nil {
+			return res, err
+		}
+		defer os.Remove(ca)
+		trust = append(trust, "SSL_CERT_FILE="+ca)
+	} else {
+		pspSrv.Start()
+	}
 	defer pspSrv.Close()
 
 	addr := freeAddr()
 	set := []string{"KAFKA_BROKERS=" + strings.Join(addrs, ","), "KAFKA_TOPIC=" + names.topic, "KAFKA_DLQ_TOPIC=" + names.dlq,
 		"KAFKA_OUTCOME_TOPIC=" + names.outcome, "KAFKA_GROUP_ID=" + names.group,
 		"DATABASE_URL=" + dsn, "PAYMENT_BASE_URL=" + pspSrv.URL, "HTTP_ADDR=" + addr, "LOG_LEVEL=warn"}
+	set = append(set, trust...)
 	var pprofAddr string
 	if opts.profileDir != "" {
 		if known["DEBUG_PPROF_ADDR"] {

@@ -131,6 +131,13 @@ type Payer interface {
 	Charge(ctx context.Context, r payment.Request) (payment.Charge, error)
 }
 
+// concurrencyBound is a Payer that sends at most Concurrency() requests at
+// once (0: no bound), as the payment client does: billing then runs no
+// more callers than that.
+type concurrencyBound interface {
+	Concurrency() int
+}
+
 // Horizon bounds what billing can judge without a human.
 type Horizon struct {
 	// Retention is how long the dedup store remembers an event. An event
@@ -180,6 +187,9 @@ type Processor struct {
 	claims  *queue[*job]
 	settles *queue[*call]
 	writers int
+	// callers send the calls' requests, as many at once as the payer
+	// takes.
+	callers *callers
 
 	mu sync.Mutex
 	// active are the attempts this process is completing (charging or
@@ -208,10 +218,14 @@ const maxRounds = 8
 // for settles (at least one each). Its Recoverer completes the attempts
 // left pending.
 func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *Processor {
-	return &Processor{db: db, dedup: store, payer: payer, horizon: horizon, metrics: m,
+	p := &Processor{db: db, dedup: store, payer: payer, horizon: horizon, metrics: m,
 		tracer: tp.Tracer("example.com/billing/internal/billing"), log: log, now: time.Now,
 		claims: newQueue[*job](), settles: newQueue[*call](), writers: max(1, db.Stats().MaxOpenConnections/4),
-		active: map[uuid.UUID]*call{}, instance: uuid.Must(uuid.NewV4()).String()}
+		callers: &callers{}, active: map[uuid.UUID]*call{}, instance: uuid.Must(uuid.NewV4()).String()}
+	if b, ok := payer.(concurrencyBound); ok {
+		p.callers.limit = b.Concurrency()
+	}
+	return p
 }
 
 // WriteRefusal says why the database refuses billing's writes (a full
@@ -332,9 +346,6 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 	return results, errors.Join(uniqueErrors(errs)...)
 }
 
-// newJob decodes m strictly and checks its event against the horizon: a
-// job parked before any claim is an invalid message, or an event that
-// billing cannot judge (whose failure the claim records).
 // The round: a job is claimed (claim.go); follow sends it on to the call
 // of the attempt it needs (charge.go); once that call is settled
 // (settle.go), decide finishes the job or claims it again.

@@ -104,10 +104,10 @@ func (p *Processor) start(ctx context.Context, c *call) bool {
 		// reads what was recorded.
 	default:
 		c.sent = true
-		go func() {
+		p.callers.do(func() {
 			c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(cmp.Or(c.ctx, ctx), c.trace), request(c.a))
 			p.toSettle(c)
-		}()
+		})
 		return true
 	}
 	p.toSettle(c)

@@ -79,3 +79,51 @@ func (q *queue[T]) close() []T {
 	q.items = nil
 	return left
 }
+
+// callers runs the provider requests on at most limit goroutines (0: no
+// limit): a request beyond the limit waits in a FIFO as a closure of a few
+// words, and a caller that is answered takes the next one. A request that
+// waited as a goroutine of its own, blocked on the payment client's slot,
+// would hold a stack of several KiB and raise the GC's heap goal as much
+// again: at 500 ms MAX_IN_FLIGHT (2 × PAYMENT_MAX_CONCURRENCY) has about a
+// thousand requests waiting for a slot.
+type callers struct {
+	limit   int
+	mu      sync.Mutex
+	running int
+	waiting []func()
+}
+
+// do runs f on a caller: at once while fewer than limit run, else after
+// those queued before it.
+func (c *callers) do(f func()) {
+	c.mu.Lock()
+	if c.limit > 0 && c.running >= c.limit {
+		c.waiting = append(c.waiting, f)
+		c.mu.Unlock()
+		return
+	}
+	c.running++
+	c.mu.Unlock()
+	go c.run(f)
+}
+
+// run is one caller: f, then whatever waits, until nothing does.
+func (c *callers) run(f func()) {
+	for f != nil {
+		f()
+		c.mu.Lock()
+		f = nil
+		if len(c.waiting) > 0 {
+			f = c.waiting[0]
+			c.waiting[0] = nil // a run request must not stay alive in the backing array
+			c.waiting = c.waiting[1:]
+			if len(c.waiting) == 0 {
+				c.waiting = nil
+			}
+		} else {
+			c.running--
+		}
+		c.mu.Unlock()
+	}
+}

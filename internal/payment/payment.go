@@ -218,6 +218,10 @@ func New(cfg Config, m *metrics.Metrics) *Client {
 	return c
 }
 
+// Concurrency is the most requests the client sends at once
+// (MaxConcurrency); 0: no bound.
+func (c *Client) Concurrency() int { return cap(c.slots) }
+
 // Close releases idle connections.
 func (c *Client) Close() { c.http.CloseIdleConnections() }
 
