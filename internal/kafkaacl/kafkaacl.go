@@ -311,7 +311,7 @@ func groupOperations(client sarama.Client, group string) (int32, error) {
 	}
 	resp, err := coordinator.DescribeGroups(&sarama.DescribeGroupsRequest{Version: 3, Groups: []string{group}, IncludeAuthorizedOperations: true})
 	if err != nil {
-		return 0, fmt.Errorf("kafka permissions: describe group %s: %w", group, err)
+		return 0, fmt.Errorf("kafka permissions: describe group %s: %w", group, errors.Join(err, refreshCoordinator(client, group)))
 	}
 	for _, g := range resp.Groups {
 		if g.GroupId != group {
@@ -320,12 +320,27 @@ func groupOperations(client sarama.Client, group string) (int32, error) {
 		switch {
 		case errors.Is(g.Err, sarama.ErrGroupAuthorizationFailed):
 			return 0, nil
+		case errors.Is(g.Err, sarama.ErrNotCoordinatorForConsumer), errors.Is(g.Err, sarama.ErrConsumerCoordinatorNotAvailable):
+			return 0, fmt.Errorf("kafka permissions: describe group %s: %w", group, errors.Join(g.Err, refreshCoordinator(client, group)))
 		case g.Err != sarama.ErrNoError && !errors.Is(g.Err, sarama.ErrGroupIDNotFound):
 			return 0, fmt.Errorf("kafka permissions: describe group %s: %w", group, g.Err)
 		}
 		return g.AuthorizedOperations, nil
 	}
 	return unknownOperations, nil
+}
+
+// refreshCoordinator forgets the client's coordinator of group and asks the
+// brokers for it again. The client caches a group's coordinator, and only
+// its consumer group refreshes the cache when a request is refused; once
+// the coordinator moved (its broker restarted or failed over), asking the
+// cached one again is refused forever. The next question goes to the new
+// one. Its error, if any, goes with the refusal.
+func refreshCoordinator(client sarama.Client, group string) error {
+	if err := client.RefreshCoordinator(group); err != nil {
+		return fmt.Errorf("finding its coordinator again: %w", err)
+	}
+	return nil
 }
 
 // NameDenied adds to err, when a broker refused a request for lack of a

@@ -1,12 +1,18 @@
 package kafkaacl_test
 
 import (
+	"errors"
 	"maps"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
@@ -83,4 +89,63 @@ func clientOf(t *testing.T, k config.Kafka) sarama.Client {
 	})
 	t.Cleanup(func() { client.Close() })
 	return client
+}
+
+// The group's coordinator moved (its broker was restarted or failed over):
+// the broker the client remembered refuses the question, and the next
+// question, as serve's retries ask it, goes to the coordinator found anew
+// instead of being refused forever.
+func TestMissing_FindsTheGroupsCoordinatorAgainOnceItMoved(t *testing.T) {
+	t.Parallel()
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders.confirmed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	var k config.Kafka
+	if err := config.Load(map[string]string{"KAFKA_BROKERS": strings.Join(cluster.ListenAddrs(), ",")}, &k); err != nil {
+		t.Fatal(err)
+	}
+	var acls []kafkaacl.ACL
+	for _, a := range kafkaacl.Serve(k) {
+		if a.Resource == sarama.AclResourceGroup {
+			acls = append(acls, a)
+		}
+	}
+	client := clientOf(t, k)
+	if _, err := kafkaacl.Missing(client, acls); err != nil { // the client now knows the coordinator
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	askedAgain := false
+	cluster.ControlKey(int16(kmsg.FindCoordinator), func(kmsg.Request) (kmsg.Response, error, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		askedAgain = true
+		return nil, nil, false // observed, answered as usual
+	})
+	cluster.ControlKey(int16(kmsg.DescribeGroups), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		mu.Lock()
+		defer mu.Unlock()
+		if askedAgain {
+			return nil, nil, false // asked of the coordinator found anew: answered
+		}
+		r := req.(*kmsg.DescribeGroupsRequest)
+		resp := r.ResponseKind().(*kmsg.DescribeGroupsResponse)
+		for _, g := range r.Groups {
+			rg := kmsg.NewDescribeGroupsResponseGroup()
+			rg.Group, rg.ErrorCode = g, kerr.NotCoordinator.Code
+			resp.Groups = append(resp.Groups, rg)
+		}
+		return resp, nil, true
+	})
+
+	if _, err := kafkaacl.Missing(client, acls); !errors.Is(err, sarama.ErrNotCoordinatorForConsumer) {
+		t.Fatalf("asked right after the move: %v, want the refusal of a broker that is no longer the coordinator", err)
+	}
+	if missing, err := kafkaacl.Missing(client, acls); err != nil || len(missing) != 0 {
+		t.Fatalf("asked again: %v, %v; want the answer of the new coordinator", missing, err)
+	}
 }
