@@ -162,6 +162,7 @@ func (m *membership) run(ctx context.Context) {
 			return
 		case <-answered:
 			inFlight = false
+			continue // the next heartbeat goes at the next tick, not now
 		case <-tick.C:
 		}
 		m.mu.Lock()
