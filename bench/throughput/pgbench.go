@@ -22,17 +22,17 @@ const pgbenchScript = `\set order random(1, 1000000000000)
 SELECT (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid AS id \gset
 BEGIN;
 INSERT INTO processed_event (event_id, consumer_group, fingerprint, claimed_with)
-  VALUES (':id', 'pgbench', sha256(':id'::bytea), 2) ON CONFLICT DO NOTHING RETURNING event_id;
+  VALUES (:id, 'pgbench', sha256(:id::text::bytea), 2) ON CONFLICT DO NOTHING RETURNING event_id;
 SELECT count(pg_advisory_xact_lock(1651076204, hashint8(:order)));
 SELECT event_id, status FROM charge WHERE order_id = :order;
 INSERT INTO charge (event_id, order_id, customer_id, amount_minor, currency, status)
-  VALUES (':id', :order, 1, 1999, 'EUR', 'pending');
+  VALUES (:id, :order, 1, 1999, 'EUR', 'pending');
 COMMIT;
 BEGIN;
 UPDATE charge SET status = 'succeeded', provider_charge_id = 'ch_pgbench', settled_at = now(), updated_at = now(),
   requests = requests + 1, counted_by = 'pgbench'
-  WHERE event_id = ':id' AND status = 'pending' RETURNING event_id;
-SELECT status FROM charge WHERE event_id = ':id';
+  WHERE event_id = :id AND status = 'pending' RETURNING event_id;
+SELECT status FROM charge WHERE event_id = :id;
 COMMIT;
 `
 
