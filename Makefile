@@ -49,9 +49,9 @@ kafka:
 
 ## chaos: the fault-injection suite (docs/testing.md): real serve processes, a
 ## throwaway PostgreSQL cluster, fakepsp, and a three-broker Apache Kafka
-## cluster (~10 min on 2 cores; the default where Java and Maven are
+## cluster (~18 min on 2 cores; the default where Java and Maven are
 ## installed, and under CI=true) or the embedded kfake broker
-## (CHAOS_BROKER=kfake, ~5 min). broker-faults runs on kfake only;
+## (CHAOS_BROKER=kfake, ~8 min). broker-faults runs on kfake only;
 ## leader-kill-9, coordinator-kill-9, rolling-restart and broker-pause on
 ## Apache Kafka only. CHAOS_SEED=<n> replays a run, CHAOS_RUN=<scenario> runs
 ## one scenario
