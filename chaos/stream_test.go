@@ -89,6 +89,12 @@ func (s *stream) publish(ctx context.Context, brokers string) error {
 	// Partitions are chosen here: by the key's hash like billing's own
 	// producers, or explicitly for the cross-partition copies.
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	// The order service's producer keeps retrying a message for as long as
+	// a Java producer would (delivery.timeout.ms, 2 minutes), not billing's
+	// 2.5 s: a partition leader killed while its leadership has not moved
+	// yet delays the stream; it does not end the scenario (combined once
+	// ended at +30 s with "connection refused" and nothing checked).
+	cfg.Producer.Retry.Max = 480
 	producer, err := sarama.NewAsyncProducer(k.Brokers, cfg)
 	if err != nil {
 		return fmt.Errorf("producer: %w", err)
