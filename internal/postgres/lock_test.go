@@ -58,9 +58,18 @@ func TestWithSessionLock(t *testing.T) {
 	}
 
 	t.Run("OK_RunsHoldingTheLockAndReleasesIt", func(t *testing.T) {
-		ran, err := postgres.WithSessionLock(ctx, db, key, func(*sqlx.Conn) error {
+		ran, err := postgres.WithSessionLock(ctx, db, key, func(conn *sqlx.Conn) error {
 			if free() {
 				t.Error("the lock is free while fn runs")
+			}
+			// The server ends the session, and so frees the lock, within
+			// seconds of its client going silent (a cut network), not after
+			// the system's two hours of keepalive.
+			for name, want := range map[string]string{"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3"} {
+				var got string
+				if err := conn.GetContext(ctx, &got, `SELECT current_setting($1)`, name); err != nil || got != want {
+					t.Errorf("the locking session's %s = %q (%v), want %s", name, got, err, want)
+				}
 			}
 			return nil
 		})
