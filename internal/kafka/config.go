@@ -24,6 +24,12 @@ func NewConfig(k config.Kafka) (*sarama.Config, error) {
 	}
 	cfg.Version = v
 	cfg.ClientID = k.ClientID
+	// Every consumer billing runs reads committed records only: a record
+	// of a transaction its producer aborted never happened, and must never
+	// be charged, recorded or parked. Not a setting: a payment service has
+	// no use for records that may be rolled back (docs/events.md). Plain
+	// producers see no difference.
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
 	// Topics are created by their owners (deploy, devkafka), never by a
 	// typo in a consumer's configuration.
 	cfg.Metadata.AllowAutoTopicCreation = false

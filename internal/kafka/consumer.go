@@ -149,6 +149,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	lagCtx, stopLag := context.WithCancel(ctx)
 	defer stopLag()
 	wg.Go(func() { c.reportLag(lagCtx) })
+	wg.Go(func() { c.stepOverMarkers(lagCtx) })
 	wg.Go(func() { c.member.run(lagCtx) })
 	if c.positions != nil {
 		wg.Go(func() { c.keepPositions(lagCtx) })
@@ -250,6 +251,7 @@ func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.C
 	delete(c.owned, claim.Partition())
 	c.mu.Unlock()
 	c.metrics.Lag.DeleteLabelValues(partitionLabel(claim.Partition()))
+	c.metrics.StableOffsetHeld.DeleteLabelValues(partitionLabel(claim.Partition()))
 	c.metrics.Rebalances.WithLabelValues("revoked").Inc()
 	c.log.Info("partition released", "topic", claim.Topic(), "partition", claim.Partition(), "unfinished", p.tracker.unfinished())
 	return nil

@@ -7,8 +7,10 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// EndOffsets returns the high-water mark of every partition of topic, as
-// the broker has it now.
+// EndOffsets returns the last stable offset of every partition of topic,
+// as the leaders have it now: the end a read_committed consumer, such as
+// billing, reaches. It is the high-water mark unless a transaction is
+// open on the partition.
 func EndOffsets(client sarama.Client, topic string) (map[int32]int64, error) {
 	if err := client.RefreshMetadata(topic); err != nil {
 		return nil, fmt.Errorf("metadata of %s: %w", topic, err)
@@ -17,13 +19,76 @@ func EndOffsets(client sarama.Client, topic string) (map[int32]int64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("partitions of %s: %w", topic, err)
 	}
-	out := make(map[int32]int64, len(parts))
+	ends, err := PartitionEnds(client, topic, parts)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int32]int64, len(ends))
+	for p, e := range ends {
+		out[p] = e.Stable
+	}
+	return out, nil
+}
+
+// Ends are the two ends of a partition. High is the high-water mark, one
+// past the last record written (a transaction's marker included). Stable
+// is the last stable offset: one past the last record a read_committed
+// consumer may read, the first record of the oldest transaction still
+// open, or High when none is.
+type Ends struct {
+	Stable, High int64
+}
+
+// PartitionEnds returns the ends of parts of topic, asked of their leaders
+// now (two ListOffsets requests per leader, one per isolation level).
+func PartitionEnds(client sarama.Client, topic string, parts []int32) (map[int32]Ends, error) {
+	// The admin shares the client; closing it would close the client.
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	newest := make(map[int32]int64, len(parts))
 	for _, p := range parts {
-		if out[p], err = client.GetOffset(topic, p, sarama.OffsetNewest); err != nil {
-			return nil, fmt.Errorf("end offset of %s/%d: %w", topic, p, err)
+		newest[p] = sarama.OffsetNewest
+	}
+	query := map[string]map[int32]int64{topic: newest}
+	out := make(map[int32]Ends, len(parts))
+	for _, level := range []sarama.IsolationLevel{sarama.ReadCommitted, sarama.ReadUncommitted} {
+		res, err := admin.ListOffsets(query, &sarama.ListOffsetsOptions{IsolationLevel: level})
+		if err == nil {
+			err = partitionError(res[topic], parts)
+		}
+		if err != nil {
+			// A leader that moved answers NOT_LEADER: the next call asks
+			// the new one.
+			_ = client.RefreshMetadata(topic)
+			return nil, fmt.Errorf("end offsets of %s: %w", topic, err)
+		}
+		for _, p := range parts {
+			e := out[p]
+			if level == sarama.ReadCommitted {
+				e.Stable = res[topic][p].Offset
+			} else {
+				e.High = res[topic][p].Offset
+			}
+			out[p] = e
 		}
 	}
 	return out, nil
+}
+
+// partitionError is the first error ListOffsets answered for one of parts.
+func partitionError(res map[int32]*sarama.OffsetResult, parts []int32) error {
+	for _, p := range parts {
+		r, ok := res[p]
+		switch {
+		case !ok:
+			return fmt.Errorf("partition %d: %w", p, sarama.ErrIncompleteResponse)
+		case r.Err != nil && !errors.Is(r.Err, sarama.ErrNoError):
+			return fmt.Errorf("partition %d: %w", p, r.Err)
+		}
+	}
+	return nil
 }
 
 // CommittedOffsets returns group's committed offset of every partition of

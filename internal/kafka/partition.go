@@ -33,8 +33,12 @@ import (
 type partition struct {
 	c     *Consumer
 	sess  sarama.ConsumerGroupSession
+	claim sarama.ConsumerGroupClaim
 	topic string
 	id    int32
+	// initial is the offset the claim started at (sarama.OffsetOldest for
+	// a group that never committed).
+	initial int64
 
 	tracker      tracker
 	pos          *position
@@ -90,13 +94,15 @@ type message struct {
 func sizeOf(m *sarama.ConsumerMessage) int64 { return int64(len(m.Key) + len(m.Value)) }
 
 // answer is what comes back for a message handed out: billing's result, a
-// dead-letter write's, or a retry that is due (m nil, k set).
+// dead-letter write's, a retry that is due (m nil, due set), or an offset
+// the partition may be marked up to once idle (step: markers.go).
 type answer struct {
 	m      *message
 	res    billing.Result
 	err    error
 	parked bool // the dead-letter writer's answer: err nil when the DLQ took it
 	due    *key
+	step   int64
 }
 
 func (c *Consumer) newPartition(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *partition {
@@ -104,8 +110,10 @@ func (c *Consumer) newPartition(sess sarama.ConsumerGroupSession, claim sarama.C
 	return &partition{
 		c:          c,
 		sess:       sess,
+		claim:      claim,
 		topic:      claim.Topic(),
 		id:         claim.Partition(),
+		initial:    claim.InitialOffset(),
 		pos:        newPosition(claim.InitialOffset()),
 		keys:       make(map[string]*key),
 		inbox:      newInbox(),
@@ -303,6 +311,10 @@ func (p *partition) startHeld() {
 // handle acts on an answer. draining: the claim has ended, so nothing is
 // retried or started any more; what cannot finish now is given up.
 func (p *partition) handle(a answer, draining bool) {
+	if a.step > 0 {
+		p.stepTo(a.step)
+		return
+	}
 	if a.due != nil {
 		a.due.timer = nil
 		if !draining {
@@ -478,16 +490,33 @@ func (p *partition) finish(m *message, r billing.Result) {
 	// what was marked, and KAFKA_COMMIT_EVERY_MESSAGE marks and commits at
 	// once (the benchmark's baseline).
 	if next, ok := p.tracker.finish(m.msg.Offset); ok {
-		p.pos.done.Store(next)
-		if p.c.positions == nil {
-			p.sess.MarkOffset(p.topic, p.id, next, "")
-			if p.c.opts.CommitEveryMessage {
-				p.sess.Commit()
-			}
-		}
+		p.advance(next)
 	}
 	p.c.bytes.Add(-m.size)
 	<-p.c.tokens
+}
+
+// advance records that every message below next is finished, and marks
+// next (once the database saved it, with Positions).
+func (p *partition) advance(next int64) {
+	p.pos.done.Store(next)
+	if p.c.positions == nil {
+		p.sess.MarkOffset(p.topic, p.id, next, "")
+		if p.c.opts.CommitEveryMessage {
+			p.sess.Commit()
+		}
+	}
+}
+
+// stepTo advances the partition to to, which a fetch showed to follow
+// only transaction markers and aborted records after the finished prefix
+// (markers.go), unless a message read since is unfinished: none of it may
+// be below to, and it is marked when it finishes.
+func (p *partition) stepTo(to int64) {
+	if p.tracker.unfinished() > 0 || p.pos.rewinding.Load() || to <= p.pos.done.Load() {
+		return
+	}
+	p.advance(to)
 }
 
 // attrs are the log attributes of a message: where it is and what it was.

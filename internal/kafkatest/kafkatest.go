@@ -38,6 +38,8 @@ func config() *sarama.Config {
 	cfg.Producer.Idempotent = true
 	cfg.Net.MaxOpenRequests = 1
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	// Tests read topics as billing does: committed records only.
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
 	return cfg
 }
 

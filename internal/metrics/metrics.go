@@ -76,9 +76,14 @@ type Metrics struct {
 	OutboxDead          prometheus.Gauge
 	OutboxPublished     *prometheus.CounterVec
 	OutboxErrors        prometheus.Counter
-	// Lag is the broker's high-water mark minus the group's committed offset
-	// for each partition this instance owns.
+	// Lag is the partition's last stable offset (the end a read_committed
+	// consumer can reach) minus the group's committed offset, for each
+	// partition this instance owns.
 	Lag *prometheus.GaugeVec
+	// StableOffsetHeld is, per owned partition, how long its last stable
+	// offset has stood still below its high-water mark: a transaction open
+	// that long holds back every later record of the partition.
+	StableOffsetHeld *prometheus.GaugeVec
 	// Retries counts retried attempts by cause (database, payment, dlq).
 	Retries *prometheus.CounterVec
 	// Retrying is the number of messages waiting for a retry of their key.
@@ -188,7 +193,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "billing_consumer_lag",
-			Help: "High-water mark minus committed offset, per owned partition.",
+			Help: "Last stable offset (the end a read_committed consumer reaches; the high-water mark when no transaction is open) minus committed offset, per owned partition.",
+		}, []string{"partition"}),
+		StableOffsetHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "billing_consumer_stable_offset_held_seconds",
+			Help: "How long the partition's last stable offset has stood still below its high-water mark: a producer's transaction open that long holds back every later record of the partition (0 when none is held).",
 		}, []string{"partition"}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_retries_total",
@@ -239,7 +248,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
 		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
 		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
-		m.OutboxPublished, m.OutboxErrors, m.Lag, m.Retries, m.Retrying, m.HeartbeatAge, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch,
+		m.OutboxPublished, m.OutboxErrors, m.Lag, m.StableOffsetHeld, m.Retries, m.Retrying, m.HeartbeatAge, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.
