@@ -58,6 +58,15 @@ var scenarios = []scenario{
 	{name: "pg-failover-async", consumers: 2, count: 3000, rate: 100, latency: 5 * time.Millisecond, prepare: preparePair(false), inject: injectFailover, check: checkFailover},
 	{name: "pg-disk-full", consumers: 2, count: 3000, rate: 100, latency: 5 * time.Millisecond, prepare: prepareDiskFull, inject: injectDiskFull,
 		check: checkDiskFull, needs: tmpfsAvailable},
+	// Order services that write in Kafka transactions (issue 28).
+	{name: "txn-abort", consumers: 2, count: 2000, rate: 150, latency: 5 * time.Millisecond, txn: true,
+		inject: injectBillingRollingRestart, check: (*run).checkTxnLog},
+	{name: "txn-hanging", consumers: 2, count: 2000, rate: 100, latency: 5 * time.Millisecond, txn: true,
+		inject: injectHangingTxn, check: (*run).checkTxnLog,
+		only: brokerApache, why: "apache only: the producer that dies mid-transaction is Apache Kafka's Java client, from the pinned jars"},
+	{name: "txn-coordinator-kill-9", consumers: 2, count: 3000, rate: 150, latency: 5 * time.Millisecond, txn: true,
+		inject: injectTxnCoordinatorKill, check: (*run).checkTxnLog,
+		only: brokerApache, why: "apache only: kfake has one broker and no transaction coordinator to fail over"},
 	{name: "secured-cluster", consumers: 3, count: 4000, rate: 200, latency: 5 * time.Millisecond, inject: injectSecuredLeaderKill, secured: true,
 		only: brokerApache, why: "apache only: the least-privilege users need Apache Kafka's authorizer, and the fault is a partition leader's kill"},
 }

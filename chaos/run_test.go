@@ -22,6 +22,7 @@ import (
 	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/freeport"
 	"example.com/billing/internal/kafka"
+	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/postgres"
 )
 
@@ -71,6 +72,9 @@ type scenario struct {
 	// secured runs serve as least-privilege users, over SASL_SSL and
 	// verified TLS to PostgreSQL (see secureRun).
 	secured bool
+	// txn: the order service publishes the stream in Kafka transactions,
+	// a quarter of them aborted (txn_test.go).
+	txn bool
 }
 
 // dbServer is a PostgreSQL server a run's database lives on: the suite's
@@ -235,6 +239,9 @@ func newRun(t *testing.T, sc scenario) *run {
 		t.Fatal(err)
 	}
 	r.stream.seconds = sc.seconds
+	if sc.txn {
+		r.stream.txn = &txnStream{id: "chaos-orders-" + sc.name + "-" + randomHex(3), phantoms: map[string]loadgen.Event{}}
+	}
 
 	// The consumer group.
 	t.Cleanup(r.killAll) // after a failure; normally they are stopped already

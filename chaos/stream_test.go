@@ -50,6 +50,9 @@ type stream struct {
 	seconds bool
 	rng     *rand.Rand
 	gen     *loadgen.Generator
+	// txn, when set, publishes in transactions (txn_test.go), and holds
+	// what the transactions wrote besides acked.
+	txn *txnStream
 
 	mu       sync.Mutex
 	acked    []*sent
@@ -78,6 +81,9 @@ func (s *stream) duration() time.Duration {
 // publish sends the whole stream to brokers (comma-separated, as
 // KAFKA_BROKERS) and waits for every acknowledgement.
 func (s *stream) publish(ctx context.Context, brokers string) error {
+	if s.txn != nil {
+		return s.publishTxn(ctx, brokers)
+	}
 	var k config.Kafka
 	if err := config.Load(map[string]string{"KAFKA_BROKERS": brokers, "KAFKA_CLIENT_ID": "chaos-producer"}, &k); err != nil {
 		return err

@@ -386,12 +386,16 @@ func (c *Cluster) config(n *Node) map[string]string {
 		"offsets.topic.replication.factor": replicas,
 		// Fewer coordinator partitions than the default 50: a node starts
 		// and takes over a coordinator faster.
-		"offsets.topic.num.partitions":                     "6",
-		"transaction.state.log.replication.factor":         replicas,
-		"transaction.state.log.min.isr":                    minISR,
-		"transaction.state.log.num.partitions":             "6",
-		"share.coordinator.state.topic.replication.factor": replicas,
-		"share.coordinator.state.topic.min.isr":            minISR,
+		"offsets.topic.num.partitions":             "6",
+		"transaction.state.log.replication.factor": replicas,
+		"transaction.state.log.min.isr":            minISR,
+		"transaction.state.log.num.partitions":     "6",
+		// A transaction past its producer's transaction.timeout.ms is
+		// aborted within a second, not within the default 10 s: the
+		// tests of a producer that dies mid-transaction wait for it.
+		"transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+		"share.coordinator.state.topic.replication.factor":            replicas,
+		"share.coordinator.state.topic.min.isr":                       minISR,
 		// Tests create their topics; a typo must not create one.
 		"auto.create.topics.enable": "false",
 		// A test's consumer group forms at once rather than after 3 s.

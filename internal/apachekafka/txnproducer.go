@@ -183,6 +183,9 @@ func (p *TxnProducer) Abort() error {
 	return err
 }
 
+// Pid is the producer's process id.
+func (p *TxnProducer) Pid() int { return p.cmd.Process.Pid }
+
 // Kill ends the process with SIGKILL, leaving an open transaction open, and
 // waits for it to exit.
 func (p *TxnProducer) Kill() {

@@ -3,6 +3,7 @@ package devkafka
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -19,21 +20,13 @@ func ReadTopic(ctx context.Context, client sarama.Client, topic string) ([]*sara
 	if err != nil {
 		return nil, err
 	}
-	consumer, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", topic, err)
-	}
-	defer consumer.Close()
 	var out []*sarama.ConsumerMessage
 	for p, e := range end {
 		start, err := client.GetOffset(topic, p, sarama.OffsetOldest)
 		if err != nil {
 			return nil, fmt.Errorf("start offset of %s/%d: %w", topic, p, err)
 		}
-		if start >= e {
-			continue // empty, or every message deleted by retention
-		}
-		msgs, err := readPartition(ctx, consumer, topic, p, start, e)
+		msgs, err := ReadPartition(ctx, client, topic, p, start, e)
 		if err != nil {
 			return nil, err
 		}
@@ -42,25 +35,41 @@ func ReadTopic(ctx context.Context, client sarama.Client, topic string) ([]*sara
 	return out, nil
 }
 
-// readPartition reads partition p of topic from start until the message
-// before end. Offsets can have gaps (transaction markers, compaction), so
-// it stops at the first message at or past end-1.
-func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, p int32, start, end int64) ([]*sarama.ConsumerMessage, error) {
+// ReadPartition reads the records of partition p of topic from start up to
+// end (exclusive) that client's isolation level hands out. Offsets have
+// gaps (transaction markers, aborted records, compaction), and the last
+// ones before end may be markers: when nothing arrives for a moment, a
+// look past the last record read says whether only those remain.
+func ReadPartition(ctx context.Context, client sarama.Client, topic string, p int32, start, end int64) ([]*sarama.ConsumerMessage, error) {
+	if start >= end {
+		return nil, nil // empty, or every message deleted by retention
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", topic, err)
+	}
+	defer consumer.Close()
 	pc, err := consumer.ConsumePartition(topic, p, start)
 	if err != nil {
 		return nil, fmt.Errorf("read %s/%d: %w", topic, p, err)
 	}
 	defer pc.Close()
 	var out []*sarama.ConsumerMessage
-	for {
+	next := start
+	for next < end {
 		select {
 		case m := <-pc.Messages():
-			out = append(out, m)
-			if m.Offset+1 >= end {
+			if m.Offset < end {
+				out = append(out, m)
+			}
+			next = m.Offset + 1
+		case <-time.After(100 * time.Millisecond):
+			if r, err := kafka.FirstReadable(client, topic, p, next); err == nil && r >= end {
 				return out, nil
 			}
 		case <-ctx.Done():
-			return nil, fmt.Errorf("read %s/%d: at offset %d of %d: %w", topic, p, start+int64(len(out)), end, context.Cause(ctx))
+			return nil, fmt.Errorf("read %s/%d: at offset %d of %d: %w", topic, p, next, end, context.Cause(ctx))
 		}
 	}
+	return out, nil
 }

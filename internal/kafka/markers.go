@@ -74,7 +74,7 @@ func (c *Consumer) stepOverMarkers(ctx context.Context) {
 			if looked[p] == l {
 				continue // a fetch found nothing to step over, and nothing changed since
 			}
-			to, err := readableFrom(c.client, p.topic, p.id, from)
+			to, err := FirstReadable(c.client, p.topic, p.id, from)
 			if err != nil {
 				c.log.Debug("look past a partition's finished messages", "partition", p.id, "offset", from, "err", err)
 				delete(seen, p)
@@ -109,11 +109,13 @@ func (c *Consumer) idleAt(p *partition) (int64, bool) {
 	return oldest, true
 }
 
-// readableFrom returns the first offset at or after from that is not a
+// FirstReadable returns the first offset at or after from that is not a
 // transaction marker or a record of an aborted transaction, as far as one
 // read_committed fetch from the partition's leader shows: from itself
 // when the record there is one a consumer is handed (or nothing follows).
-func readableFrom(client sarama.Client, topic string, partition int32, from int64) (int64, error) {
+// A reader that has read a partition up to from and is handed nothing more
+// is at the partition's end when it returns the end offset.
+func FirstReadable(client sarama.Client, topic string, partition int32, from int64) (int64, error) {
 	leader, err := client.Leader(topic, partition)
 	if err != nil {
 		return 0, err
