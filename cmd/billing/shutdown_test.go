@@ -6,11 +6,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/wait"
 )
 
@@ -163,4 +166,51 @@ func wantStopped(t *testing.T, done <-chan error, logs *syncBuffer, drain time.D
 	if last := lines[len(lines)-1]; last.Msg != "billing stopped" {
 		t.Errorf("last log line %s, want billing stopped", last.raw)
 	}
+}
+
+// TestServe_SIGTERMLetsTheChargesInFlightAnswer: SIGTERM while provider
+// requests are in flight (a provider taking 1 s, DRAIN_TIMEOUT 5 s) stops
+// taking new work but lets every request already sent answer: the stopping
+// process settles each of them, announces its outcome and commits its
+// offset before it leaves the group and exits 0, so that the provider sees
+// one request per event and the next owner asks nothing again.
+func TestServe_SIGTERMLetsTheChargesInFlightAnswer(t *testing.T) {
+	h := newHarness(t, 2)
+	h.psp.SetOptions(fakepsp.Options{Seed: 1, Latency: time.Second})
+	env := h.environ("DRAIN_TIMEOUT", "5s")
+	s := h.serve(env)
+
+	const n = 40
+	for i := range int64(n) {
+		orderID := 500 + i
+		_, value := event(t, orderID, 1000+i, "EUR")
+		h.publish(int32(i%2), strconv.FormatInt(orderID, 10), value)
+	}
+	wait.For(t, 20*time.Second, "every event's request at the provider", func() bool {
+		return h.count(`SELECT count(*) FROM charge WHERE status = 'pending'`) == n && h.psp.Stats().Requests == n
+	})
+	stopping := time.Now()
+	s.stop(t) // SIGTERM, with every request in flight
+	took := time.Since(stopping)
+
+	if got := h.count(`SELECT count(*) FROM charge WHERE status = 'succeeded'`); got != n {
+		t.Errorf("%d charges settled by the stopping process, want all %d", got, n)
+	}
+	if got := h.count(`SELECT count(*) FROM outbox`); got != n {
+		t.Errorf("%d outcome events recorded, want %d", got, n)
+	}
+	if st := h.psp.Stats(); st.Requests != n || st.Replays != 0 {
+		t.Errorf("provider saw %d requests and %d replays, want %d and none", st.Requests, st.Replays, n)
+	}
+	end := kafkatest.EndOffsets(t, h.client, h.broker.Topic)
+	committed := kafkatest.Committed(t, h.client, h.broker.Group, h.broker.Topic)
+	for p, e := range end {
+		if committed[p] != e {
+			t.Errorf("partition %d: committed %d, end %d: the settled messages were not committed before the exit", p, committed[p], e)
+		}
+	}
+	if took < 500*time.Millisecond || took > 5*time.Second {
+		t.Errorf("serve stopped %s after SIGTERM, want after the answers (~1 s) and within DRAIN_TIMEOUT", took.Round(time.Millisecond))
+	}
+	t.Logf("stopped %s after SIGTERM with %d requests in flight", took.Round(time.Millisecond), n)
 }

@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -153,6 +154,16 @@ type Horizon struct {
 	ProviderWindow time.Duration
 }
 
+// Fence says whether the consumer that handed a message over may still act
+// on it: no longer once its partition may be another consumer's (the
+// partition revoked or draining, a membership the coordinator no longer
+// confirms). billing asks it before it sends a charge; a request already
+// sent is never cut short by it (the provider may have charged: its answer
+// is worth settling).
+type Fence interface {
+	Holds() bool
+}
+
 // Message is one consumed event to settle.
 type Message struct {
 	// ID names the message (consumer group, topic, partition, offset): the
@@ -165,6 +176,9 @@ type Message struct {
 	// Trace is the span of the message's processing; the transaction and
 	// payment spans hang below it.
 	Trace trace.SpanContext
+	// Fence, when set, is asked before the event's charge is claimed and
+	// sent; nil holds always.
+	Fence Fence
 }
 
 // Processor turns Kafka message values into charges.
@@ -196,6 +210,8 @@ type Processor struct {
 	// settling), so that an event needing one waits for it rather than
 	// asking the provider a second time.
 	active map[uuid.UUID]*call
+	// settleWarned is when a failed settle was last logged (unix nanos).
+	settleWarned atomic.Int64
 	// instance tells this process's tries from another's in
 	// charge.counted_by: a message redelivered to another process after a
 	// crash was counted there (or lost with it), not here.
@@ -237,7 +253,7 @@ func (p *Processor) WriteRefusal() error { return p.writes.Err() }
 type job struct {
 	msg     Message
 	res     Result
-	ctx     context.Context // the caller's: once it ends, the job goes back Pending
+	ctx     context.Context // the caller's: once it ends, the job goes back Pending unsent
 	done    func(Result, error)
 	metrics *metrics.Metrics
 	// rounds counts the job's claims: an event waiting for another attempt
@@ -252,7 +268,7 @@ type job struct {
 func (j *job) finish(err error) {
 	switch j.res.Outcome {
 	case Pending:
-		if err != nil && j.ctx.Err() == nil && !errors.Is(err, ErrStopped) { // not the caller giving up
+		if err != nil && j.ctx.Err() == nil && !errors.Is(err, ErrStopped) && !errors.Is(err, errFenced) { // not the caller giving up
 			j.metrics.Retries.WithLabelValues(retryCause(err)).Inc()
 		}
 	case Parked:
@@ -291,7 +307,9 @@ func (p *Processor) Run(ctx context.Context) {
 		})
 		wg.Go(func() {
 			for batch := p.settles.take(ctx, maxBatch); batch != nil; batch = p.settles.take(ctx, maxBatch) {
-				p.settleBatch(ctx, batch)
+				for _, c := range p.settleBatch(ctx, batch) {
+					p.settleLater(c)
+				}
 			}
 		})
 	}
@@ -374,7 +392,7 @@ func (p *Processor) follow(ctx context.Context, jobs []*job, pl *plan) {
 		if _, started := needed[id]; !started {
 			needed[id] = c
 			order = append(order, c)
-			c.trace, c.ctx = j.res.trace, j.ctx
+			c.trace = j.res.trace
 		}
 		c.waiters = append(c.waiters, j)
 		if id == j.res.Event.ID && c.countedFor == nil {
@@ -447,17 +465,34 @@ func (p *Processor) newJob(ctx context.Context, m Message, done func(Result, err
 	return j
 }
 
-// live finishes the jobs whose caller gave up, and returns the others.
+// live finishes the jobs whose caller gave up or whose fence no longer
+// holds, and returns the others.
 func live(jobs []*job) []*job {
 	out := jobs[:0]
 	for _, j := range jobs {
-		if err := j.ctx.Err(); err != nil {
+		if err := j.gone(); err != nil {
 			j.finish(err)
 			continue
 		}
 		out = append(out, j)
 	}
 	return out
+}
+
+// errFenced: the message's consumer may no longer act on it (its fence
+// does not hold); it is left Pending, for the partition's next owner.
+var errFenced = errors.New("billing: the message's partition may be another consumer's; left to its next owner")
+
+// gone says why j's caller no longer wants it sent: its context ended, or
+// its fence does not hold; nil while it does.
+func (j *job) gone() error {
+	if err := j.ctx.Err(); err != nil {
+		return err
+	}
+	if f := j.msg.Fence; f != nil && !f.Holds() {
+		return errFenced
+	}
+	return nil
 }
 
 // uniqueErrors drops nils and repeats of one error: a batch left pending by

@@ -1,7 +1,6 @@
 package billing
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -49,14 +48,9 @@ func outcomeOf(status string) Outcome {
 // call is one attempt this process completes: phase 2's request and
 // answer, then what phase 3 recorded, and the events waiting for it.
 type call struct {
-	a     charge.Row
-	trace trace.SpanContext // of the first event waiting for it
-	// ctx is the first waiting event's (or maintenance's): once it ends,
-	// the request is not sent, or cancelled in flight, and the attempt
-	// stays pending. The consumer ends it when the partition may no
-	// longer be this process's.
-	ctx     context.Context
-	fromRow bool // read pending from the table, not recorded by this claim
+	a       charge.Row
+	trace   trace.SpanContext // of the first event waiting for it
+	fromRow bool              // read pending from the table, not recorded by this claim
 	// waiters are the events decided once the attempt is settled; more
 	// may join while it is in flight (guarded by Processor.mu).
 	waiters []*job
@@ -67,8 +61,12 @@ type call struct {
 
 	sent    bool           // the request went out
 	charge  payment.Charge // the provider's charge, when it charged
-	err     error          // the provider's answer when not a charge
+	err     error          // the provider's answer when not a charge, or why it was not sent
 	expired bool           // older than the provider's idempotency window: not sent
+	// settles counts the settles that failed, settleErr says why the
+	// last did: the answer is kept and settled again, never asked again.
+	settles   int
+	settleErr error
 	// counted is countedFor as the settle found it when it began: the
 	// waiter its update recorded as counting the outcome.
 	counted *job
@@ -85,9 +83,13 @@ func newCall(a charge.Row, fromRow bool) *call {
 
 // start runs phase 2 for c: its request, with no transaction open, as soon
 // as the payment client has a slot (PAYMENT_MAX_CONCURRENCY,
-// PAYMENT_MAX_RPS); the answer goes to a settle. An attempt this process
-// is already completing is not asked twice: c's waiters wait for that call
-// instead. start reports whether c itself went on.
+// PAYMENT_MAX_RPS); the answer goes to a settle. The request is sent only
+// if one of c's waiters still wants it then (wanted), and runs under ctx,
+// the processor's, not a waiter's: once sent, it is answered and settled
+// whatever becomes of the messages (a partition revoked, a shutdown within
+// its drain). An attempt this process is already completing is not asked
+// twice: c's waiters wait for that call instead. start reports whether c
+// itself went on.
 func (p *Processor) start(ctx context.Context, c *call) bool {
 	if !p.activate(c) {
 		return false
@@ -103,15 +105,35 @@ func (p *Processor) start(ctx context.Context, c *call) bool {
 		// Settled since the claim read it (skipSettled): the settle
 		// reads what was recorded.
 	default:
-		c.sent = true
 		p.callers.do(func() {
-			c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(cmp.Or(c.ctx, ctx), c.trace), request(c.a))
+			if err := p.wanted(c); err != nil {
+				c.err = err // not sent: left pending
+			} else {
+				c.sent = true
+				c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(ctx, c.trace), request(c.a))
+			}
 			p.toSettle(c)
 		})
 		return true
 	}
 	p.toSettle(c)
 	return true
+}
+
+// wanted returns nil while one of c's waiters still wants its request sent,
+// else why none does. A call without waiters (maintenance's) is wanted.
+func (p *Processor) wanted(c *call) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var why error
+	for _, j := range c.waiters {
+		err := j.gone()
+		if err == nil {
+			return nil
+		}
+		why = err
+	}
+	return why
 }
 
 // activate registers c as the call completing its attempt and reports

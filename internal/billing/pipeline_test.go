@@ -114,10 +114,10 @@ func transactions(t *testing.T, f *fixture) map[string]int {
 }
 
 // A settle whose connection is lost (here: its backend terminated while
-// the settle waits) rolls back as a whole: every event it served is left
-// pending with its attempt recorded, and their retries complete the
-// attempts under the same keys: each charged once.
-func TestSubmit_ASettleThatLosesItsConnectionLeavesItsEventsPending(t *testing.T) {
+// the settle waits) rolls back as a whole, but the answers it was to
+// record are not lost with it: they are settled again, one call at a time,
+// and every event is charged with one provider request, none asked twice.
+func TestSubmit_ASettleThatLosesItsConnectionIsSettledAgainWithItsAnswers(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	for _, q := range []string{
 		`CREATE TABLE settle_gate (once boolean)`,
@@ -147,33 +147,20 @@ func TestSubmit_ASettleThatLosesItsConnectionLeavesItsEventsPending(t *testing.T
 	if _, err := f.db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%UPDATE charge AS c SET%' AND pid <> pg_backend_pid()`); err != nil {
 		t.Fatal(err)
 	}
-	// The events whose answers came in other settles are charged; those
-	// of the lost one are pending, their attempts recorded.
-	var lost [][]byte
 	for i, r := range <-results {
-		switch r.Outcome {
-		case billing.Pending:
-			lost = append(lost, values[i])
-		case billing.Charged:
-		default:
-			t.Errorf("event %d: %v, want charged or pending", i, r.Outcome)
-		}
-	}
-	if len(lost) == 0 {
-		t.Fatal("no event was left pending by the lost settle")
-	}
-	if got := f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`); got != len(lost) {
-		t.Errorf("%d pending attempts after the lost settle, want %d (the recovery points)", got, len(lost))
-	}
-	for i, r := range settle(t, f.proc, lost...) {
 		if r.Outcome != billing.Charged {
-			t.Errorf("event %d retried: %v, want charged", i, r.Outcome)
+			t.Errorf("event %d: %v, want charged", i, r.Outcome)
 		}
 	}
-	if st := f.psp.Stats(); int(st.ChargesCreated) != len(values) || st.OrdersChargedTwice != 0 || int(st.Replays) != len(lost) {
-		t.Errorf("provider stats %+v, want %d charges and %d replays", st, len(values), len(lost))
+	if got := f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`); got != 0 {
+		t.Errorf("%d attempts still pending, want 0", got)
 	}
-	t.Logf("%d of %d events were in the lost settle", len(lost), len(values))
+	if st := f.psp.Stats(); int(st.Requests) != len(values) || int(st.ChargesCreated) != len(values) || st.Replays != 0 {
+		t.Errorf("provider stats %+v, want %d requests and charges, no replay", st, len(values))
+	}
+	if got := counterValue(t, f.m.Retries.WithLabelValues("database")); got == 0 {
+		t.Error("the failed settle was not counted as a database retry")
+	}
 }
 
 // Stopping the processor with work queued and in flight loses nothing:
@@ -235,54 +222,88 @@ func histogramCount(t *testing.T, h prometheus.Observer) uint64 {
 	return m.GetHistogram().GetSampleCount()
 }
 
-// A charge whose event's context ends before it is sent (the consumer ends
-// it when the partition may no longer be this process's: a membership
-// that lapsed) is not sent, even when it was only waiting for a provider
-// slot; the attempt stays pending for whoever completes it, under the
-// same key.
-func TestSubmit_NoChargeIsSentOnceItsEventsContextEnds(t *testing.T) {
-	f := newFixture(t, fakepsp.Options{})
-	release := make(chan struct{})
-	var sent atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sent.Add(1)
-		<-release
-		f.psp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	t.Cleanup(func() { close(release) })
-	proc := f.processorWithSlots(t, srv.URL, 1) // one request in flight at a time
+// A charge is sent only while a waiting event's caller still wants it: not
+// once the event's fence no longer holds (the consumer's partition may be
+// another's: revoked, draining, a membership that lapsed) or its context
+// ended, even when it was only waiting for a provider slot; its attempt
+// stays pending for whoever completes it, under the same key. A request
+// already sent is not cut short: it is answered and settled.
+func TestSubmit_NoChargeIsSentOnceItsFenceOrContextEnds(t *testing.T) {
+	for _, end := range []string{"fence", "context"} {
+		t.Run(end, func(t *testing.T) {
+			f := newFixture(t, fakepsp.Options{})
+			release := make(chan struct{})
+			var sent atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				sent.Add(1)
+				<-release
+				f.psp.ServeHTTP(w, r)
+			}))
+			t.Cleanup(srv.Close)
+			proc := f.processorWithSlots(t, srv.URL, 1) // one request in flight at a time
 
-	_, first := newEvent(t, 1, time.Now())
-	_, second := newEvent(t, 2, time.Now())
-	ctx, cancel := context.WithCancel(context.Background())
-	answers := make(chan error, 2)
-	for _, v := range [][]byte{first, second} {
-		proc.Submit(ctx, messages(v)[0], func(r billing.Result, err error) {
-			if r.Outcome != billing.Pending {
-				t.Errorf("an event whose context ended: %v, want pending", r.Outcome)
+			_, first := newEvent(t, 1, time.Now())
+			_, second := newEvent(t, 2, time.Now())
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			fence := &testFence{}
+			fence.holds.Store(true)
+			type answer struct {
+				r   billing.Result
+				err error
 			}
-			answers <- err
+			answers := make([]chan answer, 2)
+			for i, v := range [][]byte{first, second} {
+				answers[i] = make(chan answer, 1)
+				m := messages(v)[0]
+				m.Fence = fence
+				proc.Submit(ctx, m, func(r billing.Result, err error) { answers[i] <- answer{r, err} })
+			}
+			wait.For(t, 10*time.Second, "one request sent, the other waiting for the slot", func() bool {
+				return sent.Load() == 1 && f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`) == 2
+			})
+			if end == "fence" {
+				fence.holds.Store(false) // the membership lapsed, or the partition drains
+			} else {
+				cancel()
+			}
+			close(release)
+			got := map[billing.Outcome]int{}
+			for i := range answers {
+				select {
+				case a := <-answers[i]:
+					got[a.r.Outcome]++
+					if a.r.Outcome == billing.Pending && a.err == nil {
+						t.Error("no reason for a pending event")
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("an event was not answered")
+				}
+			}
+			if got[billing.Charged] != 1 || got[billing.Pending] != 1 {
+				t.Errorf("outcomes %v, want the one sent charged and the other pending", got)
+			}
+			if n := sent.Load(); n != 1 {
+				t.Errorf("%d requests sent, want 1: the waiting one must not be sent once its %s ended", n, end)
+			}
+			if n := f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`); n != 1 {
+				t.Errorf("%d pending attempts, want 1 (left for whoever completes it)", n)
+			}
 		})
 	}
-	wait.For(t, 10*time.Second, "one request sent, the other waiting for the slot", func() bool {
-		return sent.Load() == 1 && f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`) == 2
-	})
-	cancel() // the membership lapsed
-	for range 2 {
-		select {
-		case err := <-answers:
-			if err == nil {
-				t.Error("no reason for a pending event")
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("events whose context ended still wait for their charges")
-		}
+}
+
+// testFence is a billing.Fence the test holds or lifts.
+type testFence struct{ holds atomic.Bool }
+
+func (f *testFence) Holds() bool { return f.holds.Load() }
+
+// counterValue is c's value.
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
 	}
-	if got := sent.Load(); got != 1 {
-		t.Errorf("%d requests sent, want 1: the waiting one must not be sent once its event's context ended", got)
-	}
-	if got := f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`); got != 2 {
-		t.Errorf("%d pending attempts, want 2 (left for whoever completes them)", got)
-	}
+	return m.GetCounter().GetValue()
 }

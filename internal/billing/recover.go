@@ -62,6 +62,9 @@ type RecoveryReport struct {
 	Unanswered int            `json:"unanswered"`
 }
 
+// recoverSettles is how often one run tries to record the answers it got.
+const recoverSettles = 3
+
 // recoverBatch bounds the attempts one run takes on.
 const recoverBatch = 500
 
@@ -113,8 +116,23 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 		wg.Go(func() { c.charge, c.err = p.payer.Charge(ctx, request(c.a)) })
 	}
 	wg.Wait()
-	// Settled here rather than by the writers: maintain runs no writers.
-	p.settleBatch(ctx, calls)
+	// Settled here rather than by the writers (maintain runs none), and
+	// again a few times when the database fails: the answers are not
+	// asked for again within this run.
+	unsettled := p.settleBatch(ctx, calls)
+	for try := 1; len(unsettled) > 0 && try < recoverSettles; try++ {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(try) * time.Second):
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		unsettled = p.settleBatch(ctx, unsettled)
+	}
+	for _, c := range unsettled {
+		p.abandon(c, c.settleErr)
+	}
 	for _, c := range calls {
 		result := c.a.Status
 		if !c.settledHere {

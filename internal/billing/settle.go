@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -31,18 +32,30 @@ import (
 // order, or whose attempt someone else settled first, is claimed again;
 // one whose request is still unanswered is left Pending for the caller's
 // retry, which resumes the attempt under the same key.
-func (p *Processor) settleBatch(ctx context.Context, calls []*call) {
+//
+// A transaction that fails is not the provider's fault: its calls keep
+// their answers, and a batch is settled again one call at a time, so that
+// a call the database refuses holds no other. It returns the calls still
+// unsettled, their waiters still waiting, for the caller to settle again
+// (settleLater) rather than ask the provider a second time.
+func (p *Processor) settleBatch(ctx context.Context, calls []*call) (unsettled []*call) {
 	p.mu.Lock()
 	for _, c := range calls {
 		c.counted = c.countedFor
 	}
 	p.mu.Unlock()
-	err := p.settle(ctx, calls)
-	for _, c := range calls {
-		if err != nil {
-			p.abandon(c, err)
-			continue
+	if err := p.settle(ctx, calls); err != nil {
+		if len(calls) == 1 {
+			calls[0].settles++
+			calls[0].settleErr = err
+			return calls
 		}
+		for _, c := range calls {
+			unsettled = append(unsettled, p.settleBatch(ctx, []*call{c})...)
+		}
+		return unsettled
+	}
+	for _, c := range calls {
 		p.mu.Lock()
 		if p.active[c.a.EventID] == c {
 			delete(p.active, c.a.EventID)
@@ -54,6 +67,27 @@ func (p *Processor) settleBatch(ctx context.Context, calls []*call) {
 		}
 		close(c.settled)
 	}
+	return nil
+}
+
+// settleLater settles c again after a backoff, with the answer it holds,
+// as long as the writers run; each failed settle counts as a database
+// retry. A call that sent nothing has no answer to keep: it is given up,
+// its waiters left Pending, as a failed claim leaves them.
+func (p *Processor) settleLater(c *call) {
+	if !c.sent {
+		p.abandon(c, c.settleErr)
+		return
+	}
+	p.metrics.Retries.WithLabelValues("database").Inc()
+	if now := time.Now().UnixNano(); now-p.settleWarned.Load() >= int64(time.Second) { // once a second, not once per call of an outage
+		p.settleWarned.Store(now)
+		p.log.Warn("cannot record a provider's answer; keeping it and trying again (the provider is not asked again)",
+			"event_id", c.a.EventID.String(), "order_id", c.a.OrderID, "tries", c.settles, "err", c.settleErr)
+	}
+	wait := min(100*time.Millisecond<<min(c.settles-1, 6), 5*time.Second)
+	wait = wait/2 + rand.N(wait/2+1) // jitter: many calls failed at once
+	time.AfterFunc(wait, func() { p.toSettle(c) })
 }
 
 // settle records every answer of calls in one transaction, counts an

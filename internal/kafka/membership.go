@@ -28,13 +28,15 @@ import (
 // (or with a rebalance in progress) confirms the membership from the
 // moment it was sent: the coordinator cannot evict the member before that
 // moment plus the session timeout. Past that, the membership has lapsed:
-// no new message goes to billing, the work already handed out loses its
-// lease (a charge waiting for a provider slot is not sent, one in flight
-// is cancelled; both stay pending, for the partition's next owner to
-// complete under the same key), readiness says so, and an error is
-// logged. A later confirmation resumes the work (the coordinator had only
-// moved, say); an eviction ends the session through sarama as usual, and
-// the abandoned work is not marked.
+// no new message goes to billing, and billing sends no charge for the
+// messages already handed out (the partitions' fence, partition.Holds: a
+// charge waiting for a provider slot stays pending, for the partition's
+// next owner to complete under the same key; one already sent is answered
+// and settled), readiness says so, and an error is logged. A later
+// confirmation resumes the work (the coordinator had only moved, say); an
+// eviction ends the session through sarama as usual, and the abandoned
+// work is not marked. A session that ends (a rebalance, a shutdown) is no
+// lapse.
 type membership struct {
 	client  sarama.Client
 	group   string
@@ -50,11 +52,6 @@ type membership struct {
 	lapsed    bool
 	changed   chan struct{} // closed and replaced when lapsed changes
 	conn      *sarama.Broker
-	// lease is done from the moment the membership lapses (or its session
-	// ends): work handed out under it stops starting charges. A new one
-	// begins with each confirmation that follows.
-	lease       context.Context
-	cancelLease context.CancelFunc
 }
 
 // confirmInterval is how often the consumer confirms its membership.
@@ -68,23 +65,7 @@ func newMembership(client sarama.Client, group string) *membership {
 		confirmed: time.Now(),
 		changed:   make(chan struct{}),
 	}
-	m.lease, m.cancelLease = context.WithCancel(context.Background())
 	return m
-}
-
-// current returns the lease of work handed out now: done once the
-// membership lapses or its session ends.
-func (m *membership) current() context.Context {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.lease
-}
-
-// renewLease starts a new lease if the last one is over; m.mu is held.
-func (m *membership) renewLease() {
-	if m.lease.Err() != nil {
-		m.lease, m.cancelLease = context.WithCancel(context.Background())
-	}
 }
 
 // begin starts confirming sess, which sarama just set up: joining it is a
@@ -94,7 +75,6 @@ func (m *membership) begin(sess sarama.ConsumerGroupSession) {
 	defer m.mu.Unlock()
 	m.session = sess
 	m.confirm(time.Now())
-	m.renewLease()
 }
 
 // end stops confirming: the session is over, and with it its work and its
@@ -104,7 +84,6 @@ func (m *membership) end() {
 	defer m.mu.Unlock()
 	m.session = nil
 	m.closeConn()
-	m.cancelLease()
 	if m.lapsed {
 		m.lapsed = false
 		close(m.changed)
@@ -119,7 +98,6 @@ func (m *membership) confirm(at time.Time) {
 	}
 	if m.lapsed {
 		m.lapsed = false
-		m.renewLease()
 		close(m.changed)
 		m.changed = make(chan struct{})
 		if m.onAgain != nil {
@@ -171,8 +149,7 @@ func (m *membership) run(ctx context.Context) {
 			m.onTick(time.Since(m.confirmed))
 		}
 		if sess != nil && !m.lapsed && time.Since(m.confirmed) > m.timeout {
-			m.lapsed = true
-			m.cancelLease() // charges waiting for a slot or in flight stop
+			m.lapsed = true // no new charge is sent
 			close(m.changed)
 			m.changed = make(chan struct{})
 			if m.onLapse != nil {

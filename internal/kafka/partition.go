@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -59,10 +60,17 @@ type partition struct {
 	// commit rather than be cut off half way.
 	work       context.Context
 	cancelWork context.CancelFunc
-	// leased is work under the membership's current lease (lease): what
-	// is handed out stops charging when the membership lapses.
-	lease, leased context.Context
+	// draining: the claim ended; billing sends no new charge for its
+	// messages (Holds), while those sent are answered and settled.
+	draining atomic.Bool
 }
+
+// Holds is the partition's fence (billing.Fence): billing may send a charge
+// for one of its messages while the claim goes on and the coordinator
+// confirms the membership. A claim that ended (revoked, or the consumer
+// stopping) sends nothing more, and neither does a member cut off from the
+// brokers, whose partitions may be another's by now (membership.go).
+func (p *partition) Holds() bool { return !p.draining.Load() && p.c.member.holds() }
 
 // key is one key's unfinished messages, in offset order.
 type key struct {
@@ -278,22 +286,10 @@ func (p *partition) start(k *key) {
 	}
 	k.busy = true
 	p.inFlight++
-	msg := billing.Message{Event: m.event, Trace: m.span.SpanContext(), ID: p.messageID(m.msg)}
-	p.c.proc.Submit(p.leasedWork(), msg, func(r billing.Result, err error) {
+	msg := billing.Message{Event: m.event, Trace: m.span.SpanContext(), ID: p.messageID(m.msg), Fence: p}
+	p.c.proc.Submit(p.work, msg, func(r billing.Result, err error) {
 		p.inbox.post(answer{m: m, res: r, err: err})
 	})
-}
-
-// leasedWork returns the context to hand work out under: the partition's
-// work, ended also when the membership's current lease ends. One is made
-// per lease, not per message.
-func (p *partition) leasedWork() context.Context {
-	if lease := p.c.member.current(); lease != p.lease {
-		ctx, cancel := context.WithCancel(p.work)
-		context.AfterFunc(lease, cancel)
-		p.lease, p.leased = lease, ctx
-	}
-	return p.leased
 }
 
 // startHeld starts the held keys once the membership is confirmed again.
@@ -428,7 +424,11 @@ func (p *partition) waitingKeys() int {
 
 // drain lets the messages with billing or the dead-letter writer finish,
 // within the drain timeout, and then gives up every unfinished message.
+// Billing sends no new charge meanwhile (Holds): the requests already at
+// the provider are answered and settled, and their offsets committed with
+// the session's end.
 func (p *partition) drain() {
+	p.draining.Store(true)
 	for _, k := range p.keys {
 		if k.timer != nil {
 			k.timer.Stop()
