@@ -212,6 +212,9 @@ type Processor struct {
 	active map[uuid.UUID]*call
 	// settleWarned is when a failed settle was last logged (unix nanos).
 	settleWarned atomic.Int64
+	// oldClaimed counts the events older than a day claimed since
+	// oldWarned (unix nanos), when that was last logged.
+	oldClaimed, oldWarned atomic.Int64
 	// instance tells this process's tries from another's in
 	// charge.counted_by: a message redelivered to another process after a
 	// crash was counted there (or lost with it), not here.

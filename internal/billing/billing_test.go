@@ -454,6 +454,48 @@ func TestProcess_EventOfADayWithoutPartitionIsStillProcessed(t *testing.T) {
 	}
 }
 
+// A backlog of old events, whose days have no partition in processed_event
+// (a database restored without them) nor in the outbox (older than its
+// retention): many claims and settles meet the missing days at once. Each
+// event is charged with one provider request: creating a day races with no
+// other creator, an outcome of an old day needs none, and a settle is never
+// undone for it.
+func TestProcess_ABacklogOfOldEventsAsksTheProviderOncePerEvent(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{Latency: 5 * time.Millisecond})
+	old := time.Now().Add(-3 * 24 * time.Hour)
+	day := old.UTC().Format("20060102")
+	for _, table := range []string{"processed_event_p", "outbox_p"} {
+		if _, err := f.db.Exec(`DROP TABLE IF EXISTS ` + table + day); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const events = 30
+	var values [][]byte
+	for i := range events {
+		ev, _ := newEvent(t, int64(4000+i), old)
+		id, err := order.NewIDAt(old.Add(time.Duration(i) * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev.ID = id
+		values = append(values, marshal(t, ev))
+	}
+	for i, r := range submitted(t, f.proc, values...)() {
+		if r.Outcome != billing.Charged {
+			t.Errorf("event %d: %v, want charged", i, r.Outcome)
+		}
+	}
+	if st := f.psp.Stats(); st.Requests != events || st.Replays != 0 {
+		t.Errorf("provider: %d requests, %d replays for %d events: want one request each", st.Requests, st.Replays, events)
+	}
+	if got := f.count(t, `SELECT count(*) FROM outbox_default`); got != events {
+		t.Errorf("%d outcomes in the outbox's default partition, want %d (no expired day re-created)", got, events)
+	}
+	if got := f.count(t, `SELECT count(*) FROM pg_class WHERE relname = $1`, "outbox_p"+day); got != 0 {
+		t.Errorf("the outbox's expired day was created again")
+	}
+}
+
 func seedProviderKey(t *testing.T, f *fixture, ev order.Event) {
 	t.Helper()
 	// Charge ev's key at the provider with ev's (altered) body, directly.

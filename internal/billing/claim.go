@@ -75,6 +75,7 @@ func (p *Processor) claimBatch(ctx context.Context, jobs []*job) {
 	var refused *refusedError
 	switch {
 	case err == nil:
+		p.observeAge(jobs)
 	case errors.As(refusal(err), &refused) && len(jobs) > 1:
 		// Waiting will not change a constraint the claim broke: each event
 		// is claimed alone to find the one that broke it.
@@ -408,4 +409,39 @@ func refusal(err error) error {
 		return err
 	}
 	return &refusedError{err: pe}
+}
+
+// oldEvent is the age from which claiming an event is worth a warning: a
+// backlog of days (an outage, a replay of parked events) is worked off.
+const oldEvent = 24 * time.Hour
+
+// observeAge sets billing_claimed_event_age_seconds to the age of the
+// oldest of the events just claimed, and warns, once a minute at most, that
+// events older than a day are being charged: not a failure (each is
+// charged once like any other), but an operator should know that orders
+// are being paid days late.
+func (p *Processor) observeAge(jobs []*job) {
+	now := p.now()
+	var oldest time.Duration
+	var old int64
+	for _, j := range jobs {
+		if j.res.Outcome == Parked {
+			continue // not charged
+		}
+		age := now.Sub(j.res.Event.IDTime())
+		oldest = max(oldest, age)
+		if age >= oldEvent {
+			old++
+		}
+	}
+	p.metrics.ClaimedEventAge.Set(oldest.Seconds())
+	if old == 0 {
+		return
+	}
+	n := p.oldClaimed.Add(old)
+	if last := p.oldWarned.Load(); now.UnixNano()-last >= int64(time.Minute) && p.oldWarned.CompareAndSwap(last, now.UnixNano()) {
+		p.oldClaimed.Add(-n)
+		p.log.Warn("claiming events older than a day: a backlog is being worked off (billing_claimed_event_age_seconds)",
+			"events", n, "oldest_age", oldest.Round(time.Minute).String())
+	}
 }

@@ -100,6 +100,9 @@ type Metrics struct {
 	Rebalances *prometheus.CounterVec
 	// Batch observes how many events share one database transaction.
 	Batch prometheus.Histogram
+	// ClaimedEventAge is the age of the oldest event of the latest claim:
+	// how far behind the events being charged are.
+	ClaimedEventAge prometheus.Gauge
 
 	// DedupPartitions is the number of processed_event partitions.
 	DedupPartitions prometheus.Gauge
@@ -195,6 +198,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "billing_consumer_lag",
 			Help: "Last stable offset (the end a read_committed consumer reaches; the high-water mark when no transaction is open) minus committed offset, per owned partition.",
 		}, []string{"partition"}),
+		ClaimedEventAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_claimed_event_age_seconds",
+			Help: "Age (now minus the time in its eventId) of the oldest event of the latest claim transaction: how far behind the events being charged are, days while a backlog or a replay of old events is worked off.",
+		}),
 		StableOffsetHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "billing_consumer_stable_offset_held_seconds",
 			Help: "How long the partition's last stable offset has stood still below its high-water mark: a producer's transaction open that long holds back every later record of the partition (0 when none is held).",
@@ -248,7 +255,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
 		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
 		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
-		m.OutboxPublished, m.OutboxErrors, m.Lag, m.StableOffsetHeld, m.Retries, m.Retrying, m.HeartbeatAge, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch,
+		m.OutboxPublished, m.OutboxErrors, m.Lag, m.StableOffsetHeld, m.Retries, m.Retrying, m.HeartbeatAge, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch, m.ClaimedEventAge,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.

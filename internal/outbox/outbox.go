@@ -128,8 +128,8 @@ func (o Outcome) MarshalJSON() ([]byte, error) {
 }
 
 // Record inserts outcomes into the outbox inside tx: they are published if
-// and only if tx commits. When an outcome's day has no partition (yet) it
-// returns a *partition.MissingError. An outcome already recorded (the same id: a
+// and only if tx commits. An outcome whose day has no partition lands in the
+// default partition (see Retention). An outcome already recorded (the same id: a
 // parked message delivered again announces its failure once; a refused
 // request refused again is the same fact) is not recorded twice.
 func Record(ctx context.Context, tx *sqlx.Tx, outcomes []Outcome) error {
@@ -158,15 +158,7 @@ ON CONFLICT (event_id) DO NOTHING`
 		traces = append(traces, o.Traceparent)
 	}
 	if _, err := tx.ExecContext(ctx, q, ids, orders, types, causes, reasons, payloads, traces); err != nil {
-		return Table.Missing(fmt.Errorf("insert outbox: %w", err), idsOf(outcomes))
+		return fmt.Errorf("insert outbox: %w", err)
 	}
 	return nil
-}
-
-func idsOf(outcomes []Outcome) []uuid.UUID {
-	out := make([]uuid.UUID, len(outcomes))
-	for i, o := range outcomes {
-		out[i] = o.EventID
-	}
-	return out
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -15,8 +17,17 @@ import (
 
 // Retention keeps the outbox bounded: it creates the daily partitions ahead
 // of time and drops the days older than keep once every row in them is
-// published (or dead). A day that still holds an unpublished row is kept,
-// whatever its age, and said loudly: dropping it would lose an outcome.
+// published (or dead), and removes such rows from the default partition.
+//
+// Writers never create a day: an outcome whose day has no partition (an
+// order event older than the retention: a backlog, a replay) lands in the
+// default partition (migration 8). A day that still holds an unpublished
+// row is kept, whatever its age. It is counted under the lock that detaches
+// it, in the transaction that drops it, so that no writer can commit a row
+// into it unseen. (PostgreSQL detaches no partition CONCURRENTLY beside a
+// default one: the detach takes the outbox's exclusive lock for the count,
+// an index scan, and is given up after busyTimeout rather than queue the
+// settles behind it.)
 type Retention struct {
 	db    *sqlx.DB
 	keep  time.Duration
@@ -24,6 +35,11 @@ type Retention struct {
 	log   *slog.Logger
 	now   func() time.Time
 }
+
+// stuckAfter is how long an outcome may wait unpublished in an expired day
+// before its being kept is an error (the relay is not publishing) rather
+// than the ordinary end of a backlog being published.
+const stuckAfter = 15 * time.Minute
 
 // NewRetention returns a maintainer that keeps keep of published outcomes
 // and ahead days of partitions in the future.
@@ -38,13 +54,20 @@ type RetentionReport struct {
 	Dropped []string `json:"dropped"`
 	// Kept lists expired days still holding unpublished rows.
 	Kept []string `json:"kept"`
+	// Pruned counts the published (or dead) rows removed from the default
+	// partition.
+	Pruned int64 `json:"pruned"`
 	// NotOwner: the session's role does not own outbox, so it created
 	// partitions but dropped none (the owner's billing maintain does).
 	NotOwner bool `json:"notOwner,omitempty"`
 }
 
-// Run creates the partitions from today to ahead days after it and drops
-// the expired days whose rows are all published.
+// defaultPartition holds the outcomes of days without a partition.
+const defaultPartition = "outbox_default"
+
+// Run creates the partitions from today to ahead days after it, drops the
+// expired days whose rows are all published, and prunes the default
+// partition.
 func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 	var rep RetentionReport
 	now := r.now().UTC()
@@ -71,35 +94,127 @@ func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 			return nil
 		}
 		horizon := now.Add(-r.keep)
-		for name, p := range existing {
+		for _, name := range slices.Sorted(maps.Keys(existing)) {
+			p := existing[name]
 			if p.Day.AddDate(0, 0, 1).After(horizon) {
 				continue
 			}
-			var unpublished int
-			q := `SELECT count(*) FROM ` + pq.QuoteIdentifier(name) + ` WHERE published_at IS NULL AND NOT dead`
-			if err := conn.GetContext(ctx, &unpublished, q); err != nil {
-				return fmt.Errorf("count unpublished rows of %s: %w", name, err)
-			}
-			if unpublished > 0 {
-				rep.Kept = append(rep.Kept, name)
-				r.log.Error("an expired outbox day still holds unpublished outcome events; kept (is the relay running? see billing_outbox_oldest_pending_seconds)",
-					"partition", name, "unpublished", unpublished)
-				continue
-			}
-			if err := Table.Drop(ctx, conn, name, p); err != nil {
+			dropped, err := r.drop(ctx, conn, name, p, now, &rep)
+			if err != nil {
 				return err
 			}
-			rep.Dropped = append(rep.Dropped, name)
+			if dropped {
+				rep.Dropped = append(rep.Dropped, name)
+			}
 		}
-		return nil
+		rep.Pruned, err = prune(ctx, conn, horizon)
+		return err
 	})
 	rep.Skipped = !ran
 	if err == nil && ran {
-		attrs := []any{"created", rep.Created, "dropped", rep.Dropped, "kept", rep.Kept}
+		attrs := []any{"created", rep.Created, "dropped", rep.Dropped, "kept", rep.Kept, "pruned", rep.Pruned}
 		if rep.NotOwner {
 			attrs = append(attrs, "drops", "left to billing maintain, run as the owner: this role does not own outbox")
 		}
 		r.log.Info("outbox maintenance done", attrs...)
 	}
 	return rep, err
+}
+
+// busyTimeout is how long retention waits for the outbox's exclusive lock
+// to detach a day: the settles queue behind it meanwhile. A day it cannot
+// lock by then is dropped at a later run.
+const busyTimeout = time.Second
+
+// drop drops the expired day name unless it holds an unpublished row, and
+// reports whether it did. The count that decides is taken after the detach,
+// in its transaction: a writer that was inserting into the day has
+// committed by then, and none can start.
+func (r *Retention) drop(ctx context.Context, conn *sqlx.Conn, name string, p partition.Info, now time.Time, rep *RetentionReport) (bool, error) {
+	if p.DetachPending { // an interrupted DETACH ... CONCURRENTLY of an earlier release
+		return true, Table.Drop(ctx, conn, name, p)
+	}
+	n, oldest, err := unpublished(ctx, conn, name) // no lock: most days need none
+	if err != nil {
+		return false, err
+	}
+	if n > 0 {
+		r.kept(name, n, oldest, now, rep)
+		return false, nil
+	}
+	tx, err := conn.BeginTxx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("drop %s: %w", name, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // committed below; rolled back, the day stays attached as it was
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, busyTimeout.Milliseconds())); err != nil {
+		return false, fmt.Errorf("drop %s: %w", name, err)
+	}
+	if _, err := tx.ExecContext(ctx, `ALTER TABLE `+pq.QuoteIdentifier(string(Table))+` DETACH PARTITION `+pq.QuoteIdentifier(name)); err != nil {
+		if postgres.SQLState(err) == "55P03" { // lock_timeout
+			r.log.Info("the outbox was busy; the expired day is dropped at a later run", "partition", name)
+			return false, nil
+		}
+		return false, fmt.Errorf("detach partition %s: %w", name, err)
+	}
+	if n, oldest, err = unpublished(ctx, tx, name); err != nil {
+		return false, err
+	}
+	if n > 0 {
+		r.kept(name, n, oldest, now, rep)
+		return false, nil
+	}
+	if _, err := tx.ExecContext(ctx, `DROP TABLE `+pq.QuoteIdentifier(name)); err != nil {
+		return false, fmt.Errorf("drop partition %s: %w", name, err)
+	}
+	return true, tx.Commit()
+}
+
+// kept records that the expired day name was kept for its n unpublished
+// rows, the oldest recorded at oldest. Outcomes of a backlog's old events
+// are published within moments: an error only when one has waited for
+// longer than stuckAfter.
+func (r *Retention) kept(name string, n int, oldest, now time.Time, rep *RetentionReport) {
+	rep.Kept = append(rep.Kept, name)
+	if waited := now.Sub(oldest); waited > stuckAfter {
+		r.log.Error("an expired outbox day holds outcome events unpublished for longer than 15 minutes; kept (is the relay running? see billing_outbox_oldest_pending_seconds)",
+			"partition", name, "unpublished", n, "oldest_recorded", oldest, "waited", waited.Round(time.Second))
+		return
+	}
+	r.log.Info("an expired outbox day holds outcome events still being published; dropped once they are", "partition", name, "unpublished", n)
+}
+
+// unpublished counts the rows of table name that wait to be published, and
+// when the oldest of them was recorded.
+func unpublished(ctx context.Context, db sqlx.QueryerContext, name string) (int, time.Time, error) {
+	q := `SELECT count(*), coalesce(min(recorded_at), now()) FROM ` + pq.QuoteIdentifier(name) + ` WHERE published_at IS NULL AND NOT dead`
+	var n int
+	var oldest time.Time
+	if err := db.QueryRowxContext(ctx, q).Scan(&n, &oldest); err != nil {
+		return 0, time.Time{}, fmt.Errorf("count unpublished rows of %s: %w", name, err)
+	}
+	return n, oldest, nil
+}
+
+// prune removes from the default partition the rows published (or dead)
+// and recorded before horizon, a batch per statement so that no
+// transaction grows with a backlog.
+func prune(ctx context.Context, conn *sqlx.Conn, horizon time.Time) (int64, error) {
+	const q = `
+DELETE FROM ` + defaultPartition + ` WHERE ctid IN (
+  SELECT ctid FROM ` + defaultPartition + ` WHERE (published_at IS NOT NULL OR dead) AND recorded_at < $1 LIMIT 10000)`
+	var total int64
+	for {
+		res, err := conn.ExecContext(ctx, q, horizon)
+		if err != nil {
+			return total, fmt.Errorf("prune %s: %w", defaultPartition, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, err
+		}
+		if total += n; n < 10000 {
+			return total, nil
+		}
+	}
 }
