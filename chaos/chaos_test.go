@@ -67,6 +67,9 @@ var scenarios = []scenario{
 	{name: "txn-coordinator-kill-9", consumers: 2, count: 3000, rate: 150, latency: 5 * time.Millisecond, txn: true,
 		inject: injectTxnCoordinatorKill, check: (*run).checkTxnLog,
 		only: brokerApache, why: "apache only: kfake has one broker and no transaction coordinator to fail over"},
+	// A backlog of days worked off while upkeep runs (issue 29).
+	{name: "backlog", consumers: 2, count: 3000, rate: 200, latency: 5 * time.Millisecond,
+		past: [2]time.Duration{24 * time.Hour, 6 * 24 * time.Hour}, env: backlogEnv, inject: injectBacklog, check: checkBacklog},
 	{name: "secured-cluster", consumers: 3, count: 4000, rate: 200, latency: 5 * time.Millisecond, inject: injectSecuredLeaderKill, secured: true,
 		only: brokerApache, why: "apache only: the least-privilege users need Apache Kafka's authorizer, and the fault is a partition leader's kill"},
 }

@@ -75,6 +75,9 @@ type scenario struct {
 	// txn: the order service publishes the stream in Kafka transactions,
 	// a quarter of them aborted (txn_test.go).
 	txn bool
+	// past, when its upper bound is set, dates the stream's valid events
+	// between past[0] and past[1] ago (backlog_test.go).
+	past [2]time.Duration
 }
 
 // dbServer is a PostgreSQL server a run's database lives on: the suite's
@@ -144,6 +147,8 @@ type run struct {
 	faultEnd, published, lagZero time.Time
 	// secured is the run's users and secrets when sc.secured.
 	secured *securedRun
+	// maintaining runs billing maintain over and over (backlog_test.go).
+	maintaining *maintainLoop
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one
@@ -234,11 +239,17 @@ func newRun(t *testing.T, sc scenario) *run {
 		}
 	})
 
-	r.stream, err = newStream(r.topic, partitions, sc.count, sc.rate, r.seed)
+	r.stream, err = newStream(r.topic, partitions, sc.count, sc.rate, r.seed, sc.past)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.stream.seconds = sc.seconds
+	if sc.past[1] > 0 {
+		// Copies of an event raced by two replicas are asked by both (the
+		// provider replays the answer): a backlog counts one request per
+		// event.
+		r.stream.crossRate = 0
+	}
 	if sc.txn {
 		r.stream.txn = &txnStream{id: "chaos-orders-" + sc.name + "-" + randomHex(3), phantoms: map[string]loadgen.Event{}}
 	}

@@ -61,8 +61,10 @@ type stream struct {
 	secondEvents map[string]loadgen.Event
 }
 
-func newStream(topic string, partitions int32, count int, rate float64, seed int64) (*stream, error) {
-	gen, err := loadgen.New(loadgen.Options{Count: count, Duplicates: 0.10, Invalid: 0.03, Seed: seed})
+// newStream returns the stream of count messages at rate, its valid events
+// dated between past[0] and past[1] ago when past[1] is set (a backlog).
+func newStream(topic string, partitions int32, count int, rate float64, seed int64, past [2]time.Duration) (*stream, error) {
+	gen, err := loadgen.New(loadgen.Options{Count: count, Duplicates: 0.10, Invalid: 0.03, Seed: seed, Past: past})
 	if err != nil {
 		return nil, err
 	}

@@ -59,6 +59,11 @@ type Options struct {
 	Seed int64
 	// Now is the clock of occurredAt; time.Now when nil.
 	Now func() time.Time
+	// Past, when its upper bound is set, dates every valid event at a
+	// random moment between Past[0] and Past[1] before Now: its eventId's
+	// time and its occurredAt, as for a backlog of days worked off after an
+	// outage, or events replayed from the dead-letter topic.
+	Past [2]time.Duration
 }
 
 // Kind is what a message is for the consumer.
@@ -223,6 +228,9 @@ func New(opts Options) (*Generator, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.Past[0] < 0 || opts.Past[1] < opts.Past[0] {
+		return nil, fmt.Errorf("past %s..%s is not a range of durations ago", opts.Past[0], opts.Past[1])
+	}
 	rng := rand.New(rand.NewPCG(uint64(opts.Seed), 0x6c6f616467656e)) // "loadgen"
 	return &Generator{
 		opts:        opts,
@@ -295,7 +303,18 @@ func (g *Generator) event() (order.Event, error) {
 	// 100..99_999 minor units: 1.00..999.99 EUR, 100..99999 JPY,
 	// 0.100..99.999 KWD.
 	minor := 100 + g.rng.Int64N(99_900)
-	return order.New(orderID, customerID, order.Money{Minor: minor, Currency: currency}, g.opts.Now())
+	at := g.opts.Now()
+	past := g.opts.Past
+	if past[1] == 0 {
+		return order.New(orderID, customerID, order.Money{Minor: minor, Currency: currency}, at)
+	}
+	at = at.Add(-past[0] - time.Duration(g.rng.Int64N(int64(past[1]-past[0])+1)))
+	ev, err := order.New(orderID, customerID, order.Money{Minor: minor, Currency: currency}, at)
+	if err != nil {
+		return ev, err
+	}
+	ev.ID, err = order.NewIDAt(at)
+	return ev, err
 }
 
 func (g *Generator) valid() (Message, error) {

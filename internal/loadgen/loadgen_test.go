@@ -121,6 +121,41 @@ func TestGenerator_ValidEventsParseAndMatchTheExpectation(t *testing.T) {
 	}
 }
 
+// With Past, valid events are dated within the range, their eventId's time
+// and occurredAt alike: a backlog of days.
+func TestGenerator_PastDatesEventsWithinTheRange(t *testing.T) {
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	lo, hi := 24*time.Hour, 6*24*time.Hour
+	msgs, _ := generate(t, loadgen.Options{Count: 300, Duplicates: 0.1, Invalid: 0.05, Seed: 3,
+		Now: func() time.Time { return now }, Past: [2]time.Duration{lo, hi}})
+	var earliest, latest time.Time
+	for _, m := range msgs {
+		if m.Kind != loadgen.Valid {
+			continue
+		}
+		ev, err := order.Parse(m.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := ev.IDTime()
+		if !at.Equal(ev.OccurredAt.Truncate(time.Millisecond)) {
+			t.Errorf("event %s: id time %s, occurredAt %s: want the same moment", ev.ID, at, ev.OccurredAt)
+		}
+		if at.Before(now.Add(-hi)) || at.After(now.Add(-lo)) {
+			t.Errorf("event %s dated %s, outside %s..%s ago", ev.ID, at, hi, lo)
+		}
+		if earliest.IsZero() || at.Before(earliest) {
+			earliest = at
+		}
+		if at.After(latest) {
+			latest = at
+		}
+	}
+	if latest.Sub(earliest) < 3*24*time.Hour {
+		t.Errorf("events dated from %s to %s: not spread over the range", earliest, latest)
+	}
+}
+
 func TestGenerator_DuplicatesRepeatEarlierBytesNearAndFar(t *testing.T) {
 	msgs, exp := generate(t, loadgen.Options{Count: 2000, Duplicates: 0.15, Seed: 3})
 	firstAt := map[string]int{} // value → index of its Valid message
@@ -237,6 +272,8 @@ func TestNew_RejectsImpossibleOptions(t *testing.T) {
 		{"ErrLowerCaseCurrency", loadgen.Options{Count: 10, Currencies: []string{"eur"}}},
 		{"ErrNegativeFirstOrder", loadgen.Options{Count: 10, FirstOrder: -5}},
 		{"ErrOrderIDOverflow", loadgen.Options{Count: 10, FirstOrder: math.MaxInt64 - 3}},
+		{"ErrNegativePast", loadgen.Options{Count: 10, Past: [2]time.Duration{-time.Hour, time.Hour}}},
+		{"ErrPastUpsideDown", loadgen.Options{Count: 10, Past: [2]time.Duration{2 * time.Hour, time.Hour}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
