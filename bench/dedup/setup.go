@@ -15,6 +15,7 @@ import (
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/schema"
 	"github.com/jmoiron/sqlx"
 )
 
@@ -60,7 +61,7 @@ func randomHex(n int) string {
 // the machine and the server settings.
 func (b *bench) setup(ctx context.Context, m *Machine) error {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if err := postgres.Migrate(ctx, b.ctl.DB, quiet); err != nil {
+	if _, err := schema.Migrate(ctx, b.ctl.DB, quiet); err != nil {
 		return err
 	}
 	today := time.Now().UTC().Truncate(24 * time.Hour)

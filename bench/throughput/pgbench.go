@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/schema"
 )
 
 // pgbenchScript is billing's SQL for one event, as its two transactions:
@@ -49,7 +50,7 @@ func runPgbench(server string, d time.Duration) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	err = postgres.Migrate(context.Background(), db.DB, discardLogger())
+	_, err = schema.Migrate(context.Background(), db.DB, discardLogger())
 	db.Close()
 	if err != nil {
 		return 0, err

@@ -16,6 +16,8 @@ import (
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/schema"
 )
 
 // maintenance is billing's upkeep of its tables, besides consuming: the
@@ -26,6 +28,7 @@ import (
 // so that they keep the same tables by the same settings. Advisory locks
 // and leases let several maintainers run at once.
 type maintenance struct {
+	db      *sqlx.DB
 	dedup   *dedup.Retention
 	outbox  *outbox.Retention
 	attempt *billing.Recoverer
@@ -42,6 +45,7 @@ type maintenance struct {
 func newMaintenance(db *sqlx.DB, dedupRetention config.DedupRetention, outboxRetention config.Outbox, parts config.Partitions,
 	recoverer *billing.Recoverer, idle time.Duration, m *metrics.Metrics, log *slog.Logger) *maintenance {
 	return &maintenance{
+		db:      db,
 		dedup:   dedup.NewRetention(db, dedupRetention.Retention, parts.Ahead, m, log),
 		outbox:  outbox.NewRetention(db, outboxRetention.Retention, parts.Ahead, log),
 		attempt: recoverer,
@@ -56,7 +60,14 @@ type maintenanceReport struct {
 	dedup.Report
 	Outbox   outbox.RetentionReport `json:"outbox"`
 	Attempts billing.RecoveryReport `json:"chargeAttempts"`
+	// ReplicasForgotten counts the records of replicas gone for longer
+	// than replicaMemory that were removed (by the owner's maintain).
+	ReplicasForgotten int64 `json:"replicasForgotten"`
 }
+
+// replicaMemory is how long the record of a replica that stopped or went
+// quiet is kept for billing migrate status's reader.
+const replicaMemory = 7 * 24 * time.Hour
 
 // retention runs the retention of processed_event and of the outbox; a
 // failure of one does not keep the other from running.
@@ -65,7 +76,12 @@ func (mt *maintenance) retention(ctx context.Context) (maintenanceReport, error)
 	var err, oerr error
 	rep.Report, err = mt.dedup.Run(ctx)
 	rep.Outbox, oerr = mt.outbox.Run(ctx)
-	return rep, errors.Join(err, oerr)
+	var ferr error
+	// serve's runtime role may not delete: the owner's maintain does.
+	if rep.ReplicasForgotten, ferr = schema.Forget(ctx, mt.db, replicaMemory); postgres.SQLState(ferr) == "42501" {
+		ferr = nil
+	}
+	return rep, errors.Join(err, oerr, ferr)
 }
 
 // recoverAttempts completes the charge attempts idle for long enough and

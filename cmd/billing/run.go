@@ -20,7 +20,8 @@ Usage: billing <command> [flags]
 
 Commands:
   serve      consume order.confirmed.v1 events and charge them; serves /healthz, /readyz, /metrics
-  migrate    apply the embedded database migrations and exit (safe to run twice, and concurrently)
+  migrate    apply the embedded database migrations and exit (safe to run twice, and concurrently);
+             contract migrations wait for older releases to be replaced; migrate status says where it stands
   maintain   the tables' upkeep, once: partitions ahead and expired ones dropped, charge attempts left pending
   demo       the whole pipeline on this machine (embedded broker, fake provider), then a summary
   produce    publish order.confirmed.v1 events: valid, duplicated and invalid, at a rate

@@ -14,6 +14,7 @@ import (
 	"example.com/billing/db/migrations"
 	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/schema"
 	"example.com/billing/internal/wait"
 )
 
@@ -30,21 +31,18 @@ func schemaEnv(t *testing.T, dsn string) map[string]string {
 }
 
 // TestServe_RefusesAnOlderSchema: on a database that was never migrated,
-// or migrated by an older billing, serve stops at start with an error that
-// says what to run, instead of starting and retrying every event forever
-// on a missing table while /readyz says ready.
+// or migrated by an older billing than the oldest schema this release runs
+// on, serve stops at start with an error that says what to run, instead of
+// starting and retrying every event forever on a missing table while
+// /readyz says ready.
 func TestServe_RefusesAnOlderSchema(t *testing.T) {
 	t.Parallel()
-	want, err := postgres.Version()
-	if err != nil {
-		t.Fatal(err)
-	}
 	tests := []struct {
 		name    string
 		version int64 // migrated up to; 0: never migrated
 	}{
 		{"ErrNeverMigrated", 0},
-		{"ErrOlder", want - 1},
+		{"ErrOlder", schema.Oldest - 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,17 +51,8 @@ func TestServe_RefusesAnOlderSchema(t *testing.T) {
 			if tt.version > 0 {
 				migrateTo(t, dsn, tt.version)
 			}
-			var logs syncBuffer
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			err := run(ctx, []string{"billing", "serve"}, schemaEnv(t, dsn), io.Discard, &logs)
-			if ctx.Err() != nil {
-				t.Fatalf("serve was still running after 30s\n%s", logs.String())
-			}
-			if err == nil {
-				t.Fatalf("serve started on a schema at version %d\n%s", tt.version, logs.String())
-			}
-			for _, s := range []string{"billing migrate", fmt.Sprintf("version %d", tt.version), fmt.Sprintf("version %d", want)} {
+			err := serveUntilItStops(t, dsn)
+			for _, s := range []string{"billing migrate", fmt.Sprintf("version %d", tt.version), fmt.Sprintf("schemas %d and newer", schema.Oldest)} {
 				if !strings.Contains(err.Error(), s) {
 					t.Errorf("error %q does not say %q", err, s)
 				}
@@ -72,12 +61,54 @@ func TestServe_RefusesAnOlderSchema(t *testing.T) {
 	}
 }
 
-// TestServe_StartsOnANewerSchema: a billing rolled back after a migration
-// still starts (migrations are additive), and says so.
+// TestServe_RefusesASchemaForNewerReleasesOnly: once a contract migration
+// made the schema run releases newer than this one only, serve stops at
+// start naming both ranges.
+func TestServe_RefusesASchemaForNewerReleasesOnly(t *testing.T) {
+	t.Parallel()
+	db, dsn := dbtest.New(t)
+	embedded, err := schema.Version()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE schema_compatibility SET runs_from = $1`, embedded+1); err != nil {
+		t.Fatal(err)
+	}
+	err = serveUntilItStops(t, dsn)
+	for _, s := range []string{fmt.Sprintf("schema %d and newer only", embedded+1), fmt.Sprintf("this release (schema %d)", embedded), "deploy a newer release"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not say %q", err, s)
+		}
+	}
+	var recorded int
+	if err := db.Get(&recorded, `SELECT count(*) FROM billing_replica`); err != nil || recorded != 0 {
+		t.Errorf("a replica that does not run on the schema is recorded (%d, %v)", recorded, err)
+	}
+}
+
+// serveUntilItStops runs serve on dsn and returns the error it stopped
+// with, failing t when it starts or runs for 30 s.
+func serveUntilItStops(t *testing.T, dsn string) error {
+	t.Helper()
+	var logs syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := run(ctx, []string{"billing", "serve"}, schemaEnv(t, dsn), io.Discard, &logs)
+	if ctx.Err() != nil {
+		t.Fatalf("serve was still running after 30s\n%s", logs.String())
+	}
+	if err == nil {
+		t.Fatalf("serve started\n%s", logs.String())
+	}
+	return err
+}
+
+// TestServe_StartsOnANewerSchema: a release runs on the expand migrations
+// of a later one (a rolling upgrade, or a rollback after it), and says so.
 func TestServe_StartsOnANewerSchema(t *testing.T) {
 	t.Parallel()
 	db, dsn := dbtest.New(t)
-	want, err := postgres.Version()
+	want, err := schema.Version()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,18 +137,14 @@ func TestServe_ReadyzSaysWhenTheSchemaFallsBehind(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, 1)
 	s := h.serve(h.environ())
-	want, err := postgres.Version()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.db.Exec(`DELETE FROM goose_db_version WHERE version_id = $1`, want); err != nil {
+	if _, err := h.db.Exec(`DELETE FROM goose_db_version WHERE version_id >= $1`, schema.Oldest); err != nil {
 		t.Fatal(err)
 	}
 	wait.For(t, 10*time.Second, "/readyz 503 naming the schema", func() bool {
 		code, body := get(s.addr, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "database schema") && strings.Contains(body, "billing migrate")
 	})
-	if _, err := h.db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES ($1, true)`, want); err != nil {
+	if _, err := h.db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES ($1, true)`, schema.Oldest); err != nil {
 		t.Fatal(err)
 	}
 	s.waitReady(t)

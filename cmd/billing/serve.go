@@ -28,6 +28,7 @@ import (
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/schema"
 	"example.com/billing/internal/server"
 	"example.com/billing/internal/tracing"
 )
@@ -117,7 +118,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 
-	db, schema, err := openDatabase(cfg.Database, reg)
+	db, embedded, err := openDatabase(cfg.Database, reg)
 	if err != nil {
 		return err
 	}
@@ -128,14 +129,19 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	var live liveParts
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stopHTTP, err := startHTTPServers(cfg, live.readiness(db, schema), reg, log, cancel)
+	stopHTTP, err := startHTTPServers(cfg, live.readiness(db, embedded), reg, log, cancel)
 	if err != nil {
 		return err
 	}
 	defer stopHTTP()
-	if err := waitForSchema(ctx, db, schema, log); err != nil || ctx.Err() != nil {
+	if err := waitForSchema(ctx, db, embedded, log); err != nil || ctx.Err() != nil {
 		return err
 	}
+	replica, err := register(ctx, db, embedded, log)
+	if err != nil {
+		return ignoreStop(ctx, err)
+	}
+	defer replica.end()
 
 	// The provider's client outlives the background work that charges
 	// through it (maintenance's recovery), which stops first.
@@ -212,20 +218,20 @@ func startTracing(ctx context.Context, environ map[string]string, log *slog.Logg
 }
 
 // openDatabase opens serve's pool, its statistics in reg, and returns the
-// schema version this binary needs. Open validates the URL; the server may
+// newest schema this binary embeds. Open validates the URL; the server may
 // still be away.
 func openDatabase(cfg config.Pool, reg *prometheus.Registry) (*sqlx.DB, int64, error) {
 	db, err := postgres.Open(cfg.URL, cfg.MaxConns)
 	if err != nil {
 		return nil, 0, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	schema, err := postgres.Version()
+	embedded, err := schema.Version()
 	if err != nil {
 		db.Close()
 		return nil, 0, err
 	}
 	reg.MustRegister(collectors.NewDBStatsCollector(db.DB, "billing"))
-	return db, schema, nil
+	return db, embedded, nil
 }
 
 // liveParts are the parts of the service that readiness asks about, set
@@ -238,9 +244,9 @@ type liveParts struct {
 
 // readiness is /readyz's view of the service: the database's schema and
 // writes, the consumer's group session, the principal's Kafka permissions.
-func (l *liveParts) readiness(db *sqlx.DB, schema int64) server.Readiness {
+func (l *liveParts) readiness(db *sqlx.DB, embedded int64) server.Readiness {
 	return server.Readiness{
-		SchemaVersion: func(ctx context.Context) (int64, error) { return postgres.SchemaVersion(ctx, db) },
+		Schema: func(ctx context.Context) (string, error) { return schemaProblem(ctx, db, embedded) },
 		Writable: func(ctx context.Context) error {
 			if p := l.proc.Load(); p != nil {
 				if err := p.WriteRefusal(); err != nil {
@@ -249,7 +255,6 @@ func (l *liveParts) readiness(db *sqlx.DB, schema int64) server.Readiness {
 			}
 			return postgres.CheckWritable(ctx, db)
 		},
-		WantSchema: schema,
 		Consumer: func() bool {
 			c := l.consumer.Load()
 			return c != nil && c.Ready()

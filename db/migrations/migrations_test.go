@@ -16,6 +16,7 @@ import (
 	"example.com/billing/db/migrations"
 	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/schema"
 )
 
 // The pipeline's plain processed_event becomes the partitioned one without
@@ -39,7 +40,7 @@ func TestPartitioningKeepsExistingRows(t *testing.T) {
 		}
 	}
 
-	if err := postgres.Migrate(ctx, db.DB, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if _, err := schema.Migrate(ctx, db.DB, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 

@@ -22,6 +22,7 @@ import (
 // after the migrations: what serve needs, nothing more. A migration that
 // adds a table must decide what serve may do with it, and say so here.
 var runtimePrivileges = map[string][]string{
+	"billing_replica":         {"INSERT", "SELECT", "UPDATE"},
 	"charge":                  {"INSERT", "SELECT", "UPDATE"},
 	"consumer_position":       {"INSERT", "SELECT", "UPDATE"},
 	"goose_db_version":        {"SELECT"},
@@ -30,6 +31,7 @@ var runtimePrivileges = map[string][]string{
 	"outbox_seq":              {"USAGE"},
 	"processed_event":         {"INSERT", "SELECT"},
 	"processed_event_horizon": {"SELECT"},
+	"schema_compatibility":    {"SELECT"},
 }
 
 // Every table and sequence of the schema (partitions aside: they are

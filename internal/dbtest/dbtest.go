@@ -20,6 +20,7 @@ import (
 
 	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/schema"
 )
 
 // DefaultURL is the server tests use unless TEST_DATABASE_URL says otherwise.
@@ -45,7 +46,7 @@ func New(t testing.TB) (*sqlx.DB, string) {
 	t.Cleanup(func() { db.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := postgres.Migrate(ctx, db.DB, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if _, err := schema.Migrate(ctx, db.DB, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatalf("migrate test database: %v", err)
 	}
 	return db, dsn

@@ -1,5 +1,6 @@
 // Package postgres connects billing to PostgreSQL: the connection pool, the
-// one transaction helper every write goes through, and schema migrations.
+// one transaction helper every write goes through, and the advisory locks
+// (the schema and its migrations are package schema's).
 package postgres
 
 import (
@@ -10,16 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
-	"example.com/billing/db/migrations"
 	"example.com/billing/internal/redact"
 )
 
@@ -110,76 +107,6 @@ func InTx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
-}
-
-// Migrate applies the embedded migrations that db has not seen yet.
-//
-// A PostgreSQL session advisory lock (LockMigrations) serializes concurrent
-// runs (several pods starting at once, a Job and a developer), so running it
-// twice, or from two processes at once, is safe.
-func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) error {
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(LockMigrations)))
-	if err != nil {
-		return fmt.Errorf("migration lock: %w", err)
-	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
-		goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		return fmt.Errorf("load migrations: %w", err)
-	}
-	results, err := provider.Up(ctx)
-	if err != nil {
-		return fmt.Errorf("apply migrations: %w", err)
-	}
-	for _, r := range results {
-		log.Info("migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
-	}
-	version, err := provider.GetDBVersion(ctx)
-	if err != nil {
-		return fmt.Errorf("read schema version: %w", err)
-	}
-	log.Info("schema up to date", "version", version, "applied_now", len(results))
-	return nil
-}
-
-// versionTable is where goose records the migrations applied to a
-// database: its default name, which Migrate keeps.
-const versionTable = "goose_db_version"
-
-// Version returns the schema version this binary needs: the highest
-// migration embedded in it.
-func Version() (int64, error) {
-	entries, err := fs.ReadDir(migrations.FS, ".")
-	if err != nil {
-		return 0, fmt.Errorf("list migrations: %w", err)
-	}
-	var latest int64
-	for _, e := range entries {
-		v, err := goose.NumericComponent(e.Name())
-		if err != nil {
-			return 0, fmt.Errorf("migration %s: %w", e.Name(), err)
-		}
-		latest = max(latest, v)
-	}
-	return latest, nil
-}
-
-// SchemaVersion returns the highest migration version applied to db, 0 when
-// none is (goose's table does not exist yet). It is one short query, cheap
-// enough for a readiness probe, and an answer also says that the database
-// is reachable. It never creates goose's table, as goose's own
-// GetDBVersion would.
-func SchemaVersion(ctx context.Context, db *sqlx.DB) (int64, error) {
-	var v sql.NullInt64
-	err := db.QueryRowContext(ctx, `SELECT max(version_id) FROM `+versionTable).Scan(&v)
-	var pqErr *pq.Error
-	if errors.As(err, &pqErr) && pqErr.Code == "42P01" { // undefined_table: never migrated
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("read schema version: %w", err)
-	}
-	return v.Int64, nil
 }
 
 // CheckWritable returns nil when db takes writes, else why not: a hot

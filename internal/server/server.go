@@ -20,12 +20,10 @@ import (
 
 // Readiness is what /readyz checks.
 type Readiness struct {
-	// SchemaVersion reads the database's schema version
-	// (postgres.SchemaVersion): an answer says that the database is
-	// reachable, its value whether the schema is the one billing needs.
-	SchemaVersion func(ctx context.Context) (int64, error)
-	// WantSchema is the schema version this binary needs.
-	WantSchema int64
+	// Schema reads the database's schema and says why this release does
+	// not run on it ("" when it does): an answer also says that the
+	// database is reachable.
+	Schema func(ctx context.Context) (problem string, err error)
 	// Writable says why the database takes no writes (in recovery,
 	// read-only), nil when it does (postgres.CheckWritable).
 	Writable func(ctx context.Context) error
@@ -117,12 +115,12 @@ func handleReadyz(ready Readiness, log *slog.Logger) http.HandlerFunc {
 // checkDatabase returns what the database lacks for billing: nothing, or
 // why it is unreachable, behind in schema or refusing writes.
 func checkDatabase(ctx context.Context, ready Readiness, log *slog.Logger) []string {
-	switch have, err := ready.SchemaVersion(ctx); {
+	switch problem, err := ready.Schema(ctx); {
 	case err != nil:
 		log.Debug("readiness: database unreachable", "err", err)
 		return []string{"database"}
-	case have < ready.WantSchema:
-		return []string{fmt.Sprintf("database schema: at version %d, billing needs %d (run billing migrate)", have, ready.WantSchema)}
+	case problem != "":
+		return []string{"database schema: " + problem}
 	}
 	if err := ready.Writable(ctx); err != nil {
 		return []string{"database writes: " + err.Error()}

@@ -22,40 +22,34 @@ import (
 
 func TestReadyz(t *testing.T) {
 	t.Parallel()
-	const want = 3
-	version := func(v int64, err error) func(context.Context) (int64, error) {
-		return func(context.Context) (int64, error) { return v, err }
+	schema := func(problem string, err error) func(context.Context) (string, error) {
+		return func(context.Context) (string, error) { return problem, err }
 	}
+	const behind = "the database schema is at version 2; this release runs on schemas 3 and newer (it embeds 3): run billing migrate of this release first"
 	tests := []struct {
 		name        string
-		schema      func(context.Context) (int64, error)
+		schema      func(context.Context) (string, error)
 		consumer    bool
 		readOnly    error
 		wantStatus  int
 		wantMissing []string
 	}{
-		{"OK_Ready", version(want, nil), true, nil, http.StatusOK, nil},
-		{"ErrDatabaseTakesNoWrites", version(want, nil), true, errors.New("in recovery"), http.StatusServiceUnavailable,
+		{"OK_Ready", schema("", nil), true, nil, http.StatusOK, nil},
+		{"ErrDatabaseTakesNoWrites", schema("", nil), true, errors.New("in recovery"), http.StatusServiceUnavailable,
 			[]string{"database writes: in recovery"}},
-		// A binary rolled back after a migration still runs: migrations
-		// are additive.
-		{"OK_SchemaNewerThanBinary", version(want+1, nil), true, nil, http.StatusOK, nil},
-		{"ErrDatabaseDown", version(0, errors.New("connection refused")), true, nil, http.StatusServiceUnavailable, []string{"database"}},
-		{"ErrSchemaBehind", version(want-1, nil), true, nil, http.StatusServiceUnavailable,
-			[]string{"database schema: at version 2, billing needs 3 (run billing migrate)"}},
-		{"ErrNeverMigrated", version(0, nil), true, nil, http.StatusServiceUnavailable,
-			[]string{"database schema: at version 0, billing needs 3 (run billing migrate)"}},
-		{"ErrNoSession", version(want, nil), false, nil, http.StatusServiceUnavailable, []string{"consumer group session"}},
-		{"ErrEverything", version(0, errors.New("timeout")), false, nil, http.StatusServiceUnavailable, []string{"database", "consumer group session"}},
+		{"ErrDatabaseDown", schema("", errors.New("connection refused")), true, nil, http.StatusServiceUnavailable, []string{"database"}},
+		{"ErrSchemaThisReleaseDoesNotRunOn", schema(behind, nil), true, nil, http.StatusServiceUnavailable,
+			[]string{"database schema: " + behind}},
+		{"ErrNoSession", schema("", nil), false, nil, http.StatusServiceUnavailable, []string{"consumer group session"}},
+		{"ErrEverything", schema("", errors.New("timeout")), false, nil, http.StatusServiceUnavailable, []string{"database", "consumer group session"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			h := server.NewHandler(server.Readiness{
-				SchemaVersion: tt.schema,
-				WantSchema:    want,
-				Writable:      func(context.Context) error { return tt.readOnly },
-				Consumer:      func() bool { return tt.consumer },
+				Schema:   tt.schema,
+				Writable: func(context.Context) error { return tt.readOnly },
+				Consumer: func() bool { return tt.consumer },
 			}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
@@ -90,14 +84,13 @@ func TestReadyz_AnswersWhileTheDatabaseHangs(t *testing.T) {
 	defer timer.Stop()
 	var calls atomic.Int32
 	h := server.NewHandler(server.Readiness{
-		SchemaVersion: func(context.Context) (int64, error) {
+		Schema: func(context.Context) (string, error) {
 			calls.Add(1)
 			<-release // as lib/pq does on a dead connection: ctx or not
-			return 3, nil
+			return "", nil
 		},
-		WantSchema: 3,
-		Writable:   func(context.Context) error { return nil },
-		Consumer:   func() bool { return true },
+		Writable: func(context.Context) error { return nil },
+		Consumer: func() bool { return true },
 	}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 
 	probe := func() (int, string, time.Duration) {
@@ -133,11 +126,10 @@ func TestReadyz_AnswersWhileTheDatabaseHangs(t *testing.T) {
 func TestReadyz_MissingACLsAreNamed(t *testing.T) {
 	t.Parallel()
 	h := server.NewHandler(server.Readiness{
-		SchemaVersion: func(context.Context) (int64, error) { return 3, nil },
-		WantSchema:    3,
-		Writable:      func(context.Context) error { return nil },
-		Consumer:      func() bool { return true },
-		MissingACLs:   func() []string { return []string{"Write on Topic orders.confirmed.dlq"} },
+		Schema:      func(context.Context) (string, error) { return "", nil },
+		Writable:    func(context.Context) error { return nil },
+		Consumer:    func() bool { return true },
+		MissingACLs: func() []string { return []string{"Write on Topic orders.confirmed.dlq"} },
 	}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
@@ -158,10 +150,9 @@ func TestDebugHandler_ServesProfilesTheOperationalRouterDoesNot(t *testing.T) {
 	t.Parallel()
 	debug := server.NewDebugHandler()
 	ops := server.NewHandler(server.Readiness{
-		SchemaVersion: func(context.Context) (int64, error) { return 1, nil },
-		WantSchema:    1,
-		Writable:      func(context.Context) error { return nil },
-		Consumer:      func() bool { return true },
+		Schema:   func(context.Context) (string, error) { return "", nil },
+		Writable: func(context.Context) error { return nil },
+		Consumer: func() bool { return true },
 	}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	get := func(h http.Handler, path string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
