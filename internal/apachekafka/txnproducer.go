@@ -56,29 +56,40 @@ func StartTxnProducer(ctx context.Context, bootstrap, transactionalID string, tx
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(java, "-Xmx128m", "-cp", classes+string(os.PathListSeparator)+classpath, "TxnProducer",
+	// The JVM's temporary files (the compression codecs' native libraries
+	// unpacked there) go with the process.
+	tmp, err := os.MkdirTemp("", "billing-txnproducer-")
+	if err != nil {
+		logFile.Close()
+		return nil, err
+	}
+	cmd := exec.Command(java, "-Xmx128m", "-Djava.io.tmpdir="+tmp, "-cp", classes+string(os.PathListSeparator)+classpath, "TxnProducer",
 		bootstrap, transactionalID, strconv.FormatInt(txnTimeout.Milliseconds(), 10))
 	cmd.Stderr = logFile
 	// Killed with the test, whatever ends it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cleanup := func() {
+		logFile.Close()
+		os.RemoveAll(tmp)
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		logFile.Close()
+		cleanup()
 		return nil, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		logFile.Close()
+		cleanup()
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		logFile.Close()
+		cleanup()
 		return nil, fmt.Errorf("start the Java transactional producer: %w", err)
 	}
 	p := &TxnProducer{cmd: cmd, stdin: stdin, answer: bufio.NewScanner(stdout), exited: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
-		logFile.Close()
+		cleanup()
 		close(p.exited)
 	}()
 	ready := make(chan error, 1)
