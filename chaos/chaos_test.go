@@ -70,6 +70,9 @@ var scenarios = []scenario{
 	// A backlog of days worked off while upkeep runs (issue 29).
 	{name: "backlog", consumers: 2, count: 3000, rate: 200, latency: 5 * time.Millisecond,
 		past: [2]time.Duration{24 * time.Hour, 6 * 24 * time.Hour}, env: backlogEnv, inject: injectBacklog, check: checkBacklog},
+	// A rolling upgrade across a schema change, and back (issue 30).
+	{name: "rolling-upgrade", consumers: 2, count: 4500, rate: 150, latency: 5 * time.Millisecond, upgrade: true,
+		inject: injectRollingUpgrade, check: checkRollingUpgrade},
 	{name: "secured-cluster", consumers: 3, count: 4000, rate: 200, latency: 5 * time.Millisecond, inject: injectSecuredLeaderKill, secured: true,
 		only: brokerApache, why: "apache only: the least-privilege users need Apache Kafka's authorizer, and the fault is a partition leader's kill"},
 }

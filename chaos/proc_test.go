@@ -47,11 +47,17 @@ func startProc(name, logPath string, env map[string]string, stdout io.Writer, ar
 // wrap (a host's ip netns exec), nil for none. The wrapper must exec the
 // binary in place, so that the pid, signals and PDEATHSIG reach it.
 func startProcIn(wrap []string, name, logPath string, env map[string]string, stdout io.Writer, args ...string) (*proc, error) {
+	return startBinaryIn(suite.binary, wrap, name, logPath, env, stdout, args...)
+}
+
+// startBinaryIn is startProcIn for another billing binary (another
+// release's).
+func startBinaryIn(binary string, wrap []string, name, logPath string, env map[string]string, stdout io.Writer, args ...string) (*proc, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	argv := append(append(append([]string(nil), wrap...), suite.binary), args...)
+	argv := append(append(append([]string(nil), wrap...), binary), args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
 	for k, v := range env {

@@ -78,6 +78,9 @@ type scenario struct {
 	// past, when its upper bound is set, dates the stream's valid events
 	// between past[0] and past[1] ago (backlog_test.go).
 	past [2]time.Duration
+	// upgrade: the run starts on the previous release, migrated and
+	// served by its binary (upgrade_test.go).
+	upgrade bool
 }
 
 // dbServer is a PostgreSQL server a run's database lives on: the suite's
@@ -149,6 +152,11 @@ type run struct {
 	secured *securedRun
 	// maintaining runs billing maintain over and over (backlog_test.go).
 	maintaining *maintainLoop
+	// binary is the billing binary serve processes start from now:
+	// suite.binary, or a release's (upgrade_test.go).
+	binary string
+	// upgrading is the rolling upgrade's state (upgrade_test.go).
+	upgrading *upgrade
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one
@@ -215,7 +223,15 @@ func newRun(t *testing.T, sc scenario) *run {
 		}
 		r.secured, migrateURL = secured, secured.ownerURL
 	}
-	mig, err := startProc("migrate", filepath.Join(r.dir, "migrate.log"), map[string]string{"DATABASE_URL": migrateURL}, nil, "migrate")
+	r.binary = suite.binary
+	if sc.upgrade {
+		previous, err := releases.previous()
+		if err != nil {
+			t.Fatalf("the previous release: %v", err)
+		}
+		r.binary = previous
+	}
+	mig, err := startBinaryIn(r.binary, nil, "migrate", filepath.Join(r.dir, "migrate.log"), map[string]string{"DATABASE_URL": migrateURL}, nil, "migrate")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +437,10 @@ func (r *run) startInSlot(slot int) *consumer {
 		name = fmt.Sprintf("serve-%d.%d", slot, gen)
 	}
 	c.proc = &proc{name: name} // for env's client id
-	p, err := startProcIn(wrap, name, filepath.Join(r.dir, name+".log"), r.env(c), nil, "serve")
+	r.mu.Lock()
+	binary := r.binary
+	r.mu.Unlock()
+	p, err := startBinaryIn(binary, wrap, name, filepath.Join(r.dir, name+".log"), r.env(c), nil, "serve")
 	if err != nil {
 		r.t.Errorf("%v", err)
 		return nil

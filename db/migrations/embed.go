@@ -1,10 +1,16 @@
+//go:build !upgradetest
+
 // Package migrations embeds billing's SQL migrations so that the binary
 // carries its own schema: `billing migrate` needs no files on disk.
 package migrations
 
-import "embed"
+import (
+	"embed"
+	"io/fs"
+)
+
+//go:embed *.sql
+var files embed.FS
 
 // FS holds the goose migration files, applied in lexical (version) order.
-//
-//go:embed *.sql
-var FS embed.FS
+var FS fs.FS = files

@@ -30,10 +30,6 @@ func InsertPending(ctx context.Context, tx *sqlx.Tx, rows []Row) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	const q = `
-INSERT INTO charge (event_id, order_id, customer_id, amount_minor, currency, status)
-SELECT e, o, c, a, cur, $6
-FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::text[]) AS t(e, o, c, a, cur)`
 	var ids, currencies pq.StringArray
 	var orders, customers, amounts pq.Int64Array
 	for _, r := range rows {
@@ -43,7 +39,7 @@ FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::text[]) AS t(e, 
 		amounts = append(amounts, r.Amount)
 		currencies = append(currencies, r.Currency)
 	}
-	if _, err := tx.ExecContext(ctx, q, ids, orders, customers, amounts, currencies, Pending); err != nil {
+	if _, err := tx.ExecContext(ctx, insertPending, ids, orders, customers, amounts, currencies, Pending); err != nil {
 		return fmt.Errorf("insert charge attempts: %w", err)
 	}
 	return nil
