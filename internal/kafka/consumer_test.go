@@ -678,3 +678,70 @@ func TestConsumer_InFlightFollowsTheWorkNotThePartitions(t *testing.T) {
 		t.Errorf("at most %d messages with billing at once, want close to MaxInFlight %d", got, opts.MaxInFlight)
 	}
 }
+
+// Stopping (SIGTERM) lets the work already handed to billing finish within
+// the drain timeout: its messages are finished, not abandoned, and their
+// offsets committed before the member leaves; meanwhile the partition's
+// fence no longer holds, so that billing sends no new charge for them.
+func TestConsumer_StoppingLetsTheWorkInFlightFinish(t *testing.T) {
+	b := kafkatest.Start(t, 2)
+	client := kafkatest.Client(t, b.Addr())
+	const n = 40
+	var msgs []kafkatest.Message
+	for i := range n {
+		msgs = append(msgs, kafkatest.Message{Partition: int32(i % 2), Key: []byte(strconv.Itoa(i)), Value: event("stop-" + strconv.Itoa(i))})
+	}
+	kafkatest.Produce(t, client, b.Topic, msgs...)
+	rec := newRecorder()
+	gate := make(chan struct{}) // the provider's answers
+	for i := range n {
+		rec.hold["stop-"+strconv.Itoa(i)] = gate
+	}
+	fences := &fenceLog{proc: rec}
+	opts := options()
+	opts.DrainTimeout = 5 * time.Second
+	m := startMember(t, b, fences, opts, "")
+	wait.For(t, 20*time.Second, "every message with billing", func() bool { return rec.inFlight.Load() == n })
+
+	stopped := make(chan struct{})
+	go func() { m.stop(t); close(stopped) }()
+	time.Sleep(500 * time.Millisecond) // the answers come within the drain timeout
+	if fences.anyHolds() {
+		t.Error("a partition's fence still holds while the member stops: billing could send new charges")
+	}
+	close(gate)
+	<-stopped
+	for i := range n {
+		if v := "stop-" + strconv.Itoa(i); rec.finishedCount(v) != 1 {
+			t.Errorf("%s finished %d times by the stopping member, want 1", v, rec.finishedCount(v))
+		}
+	}
+	end := kafkatest.EndOffsets(t, client, b.Topic)
+	got := kafkatest.Committed(t, client, b.Group, b.Topic)
+	for p, e := range end {
+		if got[p] != e {
+			t.Errorf("partition %d: committed %d, end %d: the finished work was not committed before the member left", p, got[p], e)
+		}
+	}
+}
+
+// fenceLog keeps the fences of the messages handed to proc.
+type fenceLog struct {
+	proc   *recorder
+	mu     sync.Mutex
+	fences []billing.Fence
+}
+
+func (f *fenceLog) Submit(ctx context.Context, m billing.Message, done func(billing.Result, error)) {
+	f.mu.Lock()
+	f.fences = append(f.fences, m.Fence)
+	f.mu.Unlock()
+	f.proc.Submit(ctx, m, done)
+}
+
+// anyHolds reports whether some message's fence holds.
+func (f *fenceLog) anyHolds() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.ContainsFunc(f.fences, func(x billing.Fence) bool { return x != nil && x.Holds() })
+}
