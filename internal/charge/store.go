@@ -14,16 +14,23 @@ import (
 	"github.com/lib/pq"
 )
 
-// ForOrders reads the attempts of orderIDs and those of the events ids
-// themselves (an event id recorded for another order is a mismatch).
+// ForOrders reads what a claim decides on: the succeeded and the pending
+// attempts of orderIDs, and every attempt of the events ids themselves (an
+// event id recorded for another order is a mismatch). Each part is an
+// index's (the partial unique indexes of an order's succeeded and pending
+// attempt, the primary key): an order's declined and rejected attempts are
+// not read, and the table is never scanned whole, whatever its size.
 func ForOrders(ctx context.Context, tx *sqlx.Tx, orderIDs []int64, ids []uuid.UUID) ([]Row, error) {
-	const q = `SELECT ` + Columns + ` FROM charge WHERE order_id = ANY($1::int8[]) OR event_id = ANY($2::uuid[])`
 	var rows []Row
-	if err := tx.SelectContext(ctx, &rows, q, pq.Int64Array(orderIDs), texts(ids)); err != nil {
+	if err := tx.SelectContext(ctx, &rows, forOrders, pq.Int64Array(orderIDs), texts(ids), Succeeded, Pending); err != nil {
 		return nil, fmt.Errorf("select charge attempts: %w", err)
 	}
 	return rows, nil
 }
+
+// forOrders is ForOrders' statement.
+const forOrders = `SELECT ` + Columns + ` FROM charge
+WHERE (order_id = ANY($1::int8[]) AND status = $3) OR (order_id = ANY($1::int8[]) AND status = $4) OR event_id = ANY($2::uuid[])`
 
 // InsertPending records new attempts, pending, one statement for all.
 func InsertPending(ctx context.Context, tx *sqlx.Tx, rows []Row) error {
