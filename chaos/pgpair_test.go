@@ -154,7 +154,6 @@ type dbCounts struct {
 	Processed int64  `db:"processed"`
 	Charges   int64  `db:"charges"`
 	Settled   int64  `db:"settled"`
-	Outbox    int64  `db:"outbox"`
 	LSN       string `db:"lsn"`
 }
 
@@ -174,7 +173,6 @@ func countRows(c *pgCluster, name, lsn string) (dbCounts, error) {
 		(SELECT count(*) FROM processed_event) AS processed,
 		(SELECT count(*) FROM charge) AS charges,
 		(SELECT count(*) FROM charge WHERE status <> 'pending') AS settled,
-		(SELECT count(*) FROM outbox) AS outbox,
 		coalesce(`+lsn+`::text, '') AS lsn`)
 	if err != nil {
 		return n, fmt.Errorf("count rows on port %d: %w", c.port, err)

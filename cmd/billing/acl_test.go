@@ -156,9 +156,7 @@ func (a *aclFixture) serve(t *testing.T) {
 	if len(parked) != 2 || !strings.HasPrefix(kafkatest.Header(parked[1], dlq.HeaderReason), "oversize: ") {
 		t.Fatalf("dead-letter topic holds %d messages, want the invalid one whole and the large one as a reference", len(parked))
 	}
-	wait.For(t, 20*time.Second, "the outcome event of order 1", func() bool {
-		return h.count(`SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`) == 1
-	})
+	wait.For(t, 20*time.Second, "the outcome event of order 1", func() bool { return h.published() == 1 })
 	if out := kafkatest.ReadAll(t, h.client, h.broker.OutcomeTopic); len(out) != 1 || !bytes.Contains(out[0].Value, []byte(outbox.Succeeded)) ||
 		!bytes.Contains(out[0].Value, []byte(ev.ID.String())) {
 		t.Fatalf("outcome topic holds %d events, want the payment.succeeded.v1 of order 1", len(out))

@@ -195,6 +195,16 @@ func (h *harness) publish(partition int32, key string, value []byte) {
 	kafkatest.Produce(h.t, h.client, h.broker.Topic, kafkatest.Message{Partition: partition, Key: []byte(key), Value: value})
 }
 
+// published is how many outcome events the outcome topic holds.
+func (h *harness) published() int {
+	h.t.Helper()
+	n := 0
+	for _, e := range kafkatest.EndOffsets(h.t, h.client, h.broker.OutcomeTopic) {
+		n += int(e)
+	}
+	return n
+}
+
 func (h *harness) waitCaughtUp() {
 	h.t.Helper()
 	kafkatest.WaitCaughtUp(h.t, h.client, h.broker.Group, h.broker.Topic, 60*time.Second)

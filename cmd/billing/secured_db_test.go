@@ -167,9 +167,7 @@ func TestSecuredDatabase_OwnerMigratesRuntimeRoleServesOverVerifiedTLS(t *testin
 	if got := h.count(`SELECT count(*) FROM charge WHERE event_id = $1 AND status = 'succeeded'`, ev.ID); got != 1 {
 		t.Errorf("charged %d times, want 1", got)
 	}
-	wait.For(t, 20*time.Second, "the outcome event published", func() bool {
-		return h.count(`SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`) == 1
-	})
+	wait.For(t, 20*time.Second, "the outcome event published", func() bool { return h.published() == 1 })
 	for _, tbl := range []string{"processed_event", "outbox"} {
 		var owner string
 		if err := d.admin.Get(&owner, `SELECT pg_get_userbyid(relowner) FROM pg_class WHERE relname = $1`, tbl+"_p"+ahead); err != nil || owner != "billing_owner" {

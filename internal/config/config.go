@@ -169,7 +169,7 @@ type Maintenance struct {
 type Outbox struct {
 	// Retention is how long published outcomes stay in the outbox table
 	// (for an operator's look), by whole days.
-	Retention time.Duration `env:"OUTBOX_RETENTION" envDefault:"72h" help:"how long published payment outcome events stay in the outbox table; at least 24h (partitions are daily)"`
+	Retention time.Duration `env:"OUTBOX_RETENTION" envDefault:"72h" help:"how long the outbox keeps a day of payment outcome events once all of it is published (published ones are deleted), and outcome events that can never be published (outbox_dead); at least 24h (partitions are daily)"`
 }
 
 // Validate checks the outbox's retention.

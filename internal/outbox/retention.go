@@ -55,7 +55,7 @@ type RetentionReport struct {
 	// Kept lists expired days still holding unpublished rows.
 	Kept []string `json:"kept"`
 	// Pruned counts the published (or dead) rows removed from the default
-	// partition.
+	// partition, and the dead outcomes removed from outbox_dead.
 	Pruned int64 `json:"pruned"`
 	// NotOwner: the session's role does not own outbox, so it created
 	// partitions but dropped none (the owner's billing maintain does).
@@ -198,8 +198,23 @@ func unpublished(ctx context.Context, db sqlx.QueryerContext, name string) (int,
 
 // prune removes from the default partition the rows published (or dead)
 // and recorded before horizon, a batch per statement so that no
-// transaction grows with a backlog.
+// transaction grows with a backlog, and from outbox_dead the outcomes dead
+// since before horizon.
 func prune(ctx context.Context, conn *sqlx.Conn, horizon time.Time) (int64, error) {
+	res, err := conn.ExecContext(ctx, `DELETE FROM outbox_dead WHERE died_at < $1`, horizon)
+	if err != nil {
+		return 0, fmt.Errorf("prune outbox_dead: %w", err)
+	}
+	dead, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	n, err := pruneDefault(ctx, conn, horizon)
+	return dead + n, err
+}
+
+// pruneDefault is prune's part of the default partition.
+func pruneDefault(ctx context.Context, conn *sqlx.Conn, horizon time.Time) (int64, error) {
 	const q = `
 DELETE FROM ` + defaultPartition + ` WHERE ctid IN (
   SELECT ctid FROM ` + defaultPartition + ` WHERE (published_at IS NOT NULL OR dead) AND recorded_at < $1 LIMIT 10000)`
