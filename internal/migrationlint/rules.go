@@ -488,7 +488,11 @@ func (s *schema) addConstraint(st *fileState, table string, a tokens) []finding 
 	}
 	switch {
 	case a.at(i).is("check", "foreign"):
-		return []finding{{RuleNotValid, fmt.Sprintf("ADD %s on existing table %s checks every row while it holds its lock: add it NOT VALID, then VALIDATE CONSTRAINT in a later migration", strings.ToUpper(a.at(i).text), table)}}
+		kind := "CHECK"
+		if a.at(i).is("foreign") {
+			kind = "FOREIGN KEY"
+		}
+		return []finding{{RuleNotValid, fmt.Sprintf("ADD %s on existing table %s checks every row while it holds its lock: add it NOT VALID, then VALIDATE CONSTRAINT in a later migration", kind, table)}}
 	case a.at(i).is("unique", "primary") && !a.has("using"):
 		return []finding{{RuleNotValid, fmt.Sprintf("ADD %s on existing table %s builds its index under an ACCESS EXCLUSIVE lock: CREATE UNIQUE INDEX CONCURRENTLY first, then ADD ... USING INDEX", strings.ToUpper(a.at(i).text), table)}}
 	case a.at(i).is("exclude"):
@@ -567,7 +571,8 @@ func volatileDefault(a tokens) string {
 	return ""
 }
 
-// alterColumn: ALTER [COLUMN] name {[SET DATA] TYPE|SET NOT NULL|...}.
+// alterColumn: ALTER [COLUMN] name {[SET DATA] TYPE|SET NOT NULL|...} of
+// an existing table.
 func (s *schema) alterColumn(table string, hot bool, a tokens) []finding {
 	i := 1
 	if a.at(i).is("column") {
@@ -575,11 +580,8 @@ func (s *schema) alterColumn(table string, hot bool, a tokens) []finding {
 	}
 	column, _ := a.at(i).name()
 	i++
-	if !hot {
-		return nil
-	}
 	switch {
-	case a.at(i).is("type") || a.seq(i, "set", "data", "type"):
+	case hot && (a.at(i).is("type") || a.seq(i, "set", "data", "type")):
 		return []finding{{RuleNoRewrite, fmt.Sprintf("changing the type of %s.%s rewrites hot table %s (and its indexes) under an ACCESS EXCLUSIVE lock: add a new column, backfill it in batches, switch over", table, column, table)}}
 	case a.seq(i, "set", "not", "null"):
 		for _, c := range s.constraints {
@@ -587,7 +589,14 @@ func (s *schema) alterColumn(table string, hot bool, a tokens) []finding {
 				return nil
 			}
 		}
-		return []finding{{RuleNoRewrite, fmt.Sprintf("SET NOT NULL scans all of hot table %s under an ACCESS EXCLUSIVE lock: add CHECK (%s IS NOT NULL) NOT VALID, VALIDATE it in a later migration, then SET NOT NULL (PostgreSQL skips the scan)", table, column)}}
+		// A NOT NULL constraint added with a scan: on a hot table the
+		// issue's no-rewrite rule names it, elsewhere it is a constraint
+		// added without NOT VALID.
+		rule, what := RuleNotValid, "table"
+		if hot {
+			rule, what = RuleNoRewrite, "hot table"
+		}
+		return []finding{{rule, fmt.Sprintf("SET NOT NULL scans all of %s %s under an ACCESS EXCLUSIVE lock: add CHECK (%s IS NOT NULL) NOT VALID, VALIDATE it in a later migration, then SET NOT NULL (PostgreSQL skips the scan)", what, table, column)}}
 	}
 	return nil
 }

@@ -182,7 +182,13 @@ func TestNotValid(t *testing.T) {
 			want: []string{"1 not-valid"}},
 		{name: "ErrReferencesWithColumn", sql: "SET LOCAL lock_timeout = '2s';\nALTER TABLE consumer_position ADD COLUMN event_id uuid REFERENCES charge;",
 			want: []string{"2 not-valid"}},
-		{name: "OK_NewTable", sql: "CREATE TABLE refund (id bigint);\nALTER TABLE refund ADD CONSTRAINT refund_id CHECK (id > 0);"},
+		{name: "OK_NewTable", sql: "CREATE TABLE refund (id bigint);\nALTER TABLE refund ADD CONSTRAINT refund_id CHECK (id > 0);\nALTER TABLE refund ALTER COLUMN id SET NOT NULL;"},
+		{name: "ErrSetNotNull", sql: `ALTER TABLE consumer_position ALTER COLUMN next_offset SET NOT NULL;`,
+			want: []string{"1 not-valid"}},
+		{name: "OK_SetNotNullAfterValidatedCheck",
+			before: []string{"ALTER TABLE consumer_position ADD CONSTRAINT cp_offset_nn CHECK (next_offset IS NOT NULL) NOT VALID;",
+				"ALTER TABLE consumer_position VALIDATE CONSTRAINT cp_offset_nn;"},
+			sql: `ALTER TABLE consumer_position ALTER COLUMN next_offset SET NOT NULL;`},
 	})
 }
 
