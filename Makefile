@@ -13,8 +13,8 @@ help:
 	@awk '/^## [a-z-]+:/ { sub(/^## /, ""); print; next } /^## / { sub(/^## /, "    "); print }' $(MAKEFILE_LIST)
 
 ## ci: what CI runs on a clean clone (.ci/run): PostgreSQL, make kafka, make
-## lint, make test, make test-kfake, make fuzz and make chaos, with each
-## stage's time (docs/testing.md)
+## squawk, make lint, make test, make test-kfake, make fuzz and make chaos,
+## with each stage's time (docs/testing.md)
 ci:
 	bash .ci/run
 

@@ -18,6 +18,7 @@ CREATE TABLE processed_event (event_id uuid, consumer_group text) PARTITION BY R
 CREATE TABLE outbox (event_id uuid, seq bigint) PARTITION BY RANGE (event_id);
 CREATE TABLE consumer_position (consumer_group text, next_offset bigint);
 CREATE INDEX charge_order ON charge (order_id);
+CREATE INDEX outbox_seq ON outbox (seq);
 `
 
 // checkLast lints base, then the migrations of before, then sql (marked NO
@@ -151,6 +152,9 @@ func TestConcurrentIndex(t *testing.T) {
 		{name: "OK_PartitionedParentOnly", sql: "SET LOCAL lock_timeout = '2s';\nCREATE INDEX IF NOT EXISTS outbox_seq_idx ON ONLY outbox (seq);"},
 		{name: "ErrDropIndex", sql: "SET LOCAL lock_timeout = '2s';\nDROP INDEX charge_order;",
 			want: []string{"2 concurrent-index"}},
+		{name: "OK_DropIndexOfPartitionedTable", sql: "SET LOCAL lock_timeout = '2s';\nDROP INDEX outbox_seq;"},
+		{name: "ErrDropIndexOfPartitionedTableNoTimeout", sql: "DROP INDEX outbox_seq;",
+			want: []string{"1 lock-timeout"}},
 		{name: "ErrReindex", sql: "SET LOCAL lock_timeout = '2s';\nREINDEX INDEX charge_order;",
 			want: []string{"2 concurrent-index"}},
 		{name: "ErrReindexNoTimeout", noTx: true, sql: "REINDEX INDEX CONCURRENTLY charge_order;",
