@@ -136,7 +136,7 @@ func (s *schema) check(st *fileState, stmt Statement) []finding {
 	if len(ts) == 0 {
 		return nil
 	}
-	if s.lockSetting(st, ts) {
+	if st.lockSetting(ts) {
 		return nil
 	}
 	var out []finding
@@ -196,7 +196,7 @@ func (s *schema) check(st *fileState, stmt Statement) []finding {
 
 // lockSetting recognises SET / RESET lock_timeout and set_config, and
 // records whether a lock_timeout is in force afterwards.
-func (s *schema) lockSetting(st *fileState, ts tokens) bool {
+func (st *fileState) lockSetting(ts tokens) bool {
 	var local, on bool
 	switch {
 	case ts.at(0).is("set"):
