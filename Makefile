@@ -6,15 +6,15 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/billing
 
-.PHONY: help ci build demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup
+.PHONY: help ci build demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup lint-migrations squawk
 
 ## help: the targets and what they do (from the Makefile's ## comments)
 help:
 	@awk '/^## [a-z-]+:/ { sub(/^## /, ""); print; next } /^## / { sub(/^## /, "    "); print }' $(MAKEFILE_LIST)
 
 ## ci: what CI runs on a clean clone (.ci/run): PostgreSQL, make kafka, make
-## lint, make test, make test-kfake, make fuzz and make chaos, with each
-## stage's time (docs/testing.md)
+## squawk, make lint, make test, make test-kfake, make fuzz and make chaos,
+## with each stage's time (docs/testing.md)
 ci:
 	bash .ci/run
 
@@ -65,8 +65,9 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test ./internal/order -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME)
 
-## lint: formatting, go vet and staticcheck
-lint: fmt-check vet staticcheck
+## lint: formatting, go vet, staticcheck and lint-migrations (which needs
+## squawk, see below)
+lint: fmt-check vet staticcheck lint-migrations
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -81,6 +82,31 @@ bin/staticcheck bin/govulncheck: tools/go.mod
 
 staticcheck: bin/staticcheck
 	bin/staticcheck ./...
+
+# squawk, the migration linter, pinned. From PyPI's squawk-cli: its wheel
+# carries the binary and installs with pip alone, where npm's squawk-cli
+# lags behind (2.66.0 when 2.70.0 was pinned). It goes into a cache beside
+# the Kafka jars', so a fresh clone on the same machine finds it.
+SQUAWK_VERSION := 2.70.0
+SQUAWK_DIR     := $(HOME)/.cache/billing/squawk-$(SQUAWK_VERSION)
+SQUAWK         ?= $(SQUAWK_DIR)/bin/squawk
+
+## squawk: install the pinned squawk (pip, from PyPI) into ~/.cache/billing;
+## nothing when it is there
+squawk: $(SQUAWK_DIR)/bin/squawk
+
+# Installed beside and then moved, so that an interrupted install leaves
+# nothing that looks installed.
+$(SQUAWK_DIR)/bin/squawk:
+	rm -rf $(SQUAWK_DIR).tmp
+	python3 -m pip install --quiet --disable-pip-version-check --no-input --root-user-action=ignore \
+		--target $(SQUAWK_DIR).tmp squawk-cli==$(SQUAWK_VERSION)
+	rm -rf $(SQUAWK_DIR) && mv $(SQUAWK_DIR).tmp $(SQUAWK_DIR)
+
+## lint-migrations: db/migrations' Up sections against billing's rules and
+## squawk's, less db/migrations/lint-exceptions.md (docs/deployment.md)
+lint-migrations:
+	$(GO) run ./internal/migrationlint/cmd/migrationlint -squawk $(SQUAWK) -squawk-version $(SQUAWK_VERSION) db/migrations
 
 ## vuln: known vulnerabilities (needs access to vuln.go.dev)
 vuln: bin/govulncheck
