@@ -334,7 +334,7 @@ func injectRollingUpgrade(r *run) {
 		return
 	}
 	u.mu.Lock()
-	u.applied = strings.Contains(out, `version=10002`) || strings.Contains(out, `"version":10002`)
+	u.applied = strings.Contains(out, `"version":10002`) && strings.Contains(out, `"version":10004`)
 	u.mu.Unlock()
 	r.fault("migrate", "the next release's billing migrate again, only the next release running")
 }

@@ -8,10 +8,10 @@
 -- +goose NO TRANSACTION
 -- +goose Up
 SET lock_timeout = '1s';
-ALTER TABLE charge ADD COLUMN recorded_by text;
+ALTER TABLE charge ADD COLUMN IF NOT EXISTS recorded_by text;
 
 -- +goose StatementBegin
-CREATE PROCEDURE next_backfill_recorded_by() LANGUAGE plpgsql AS $$
+CREATE OR REPLACE PROCEDURE next_backfill_recorded_by() LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
