@@ -27,7 +27,7 @@ func demoDatabase(t *testing.T) string {
 	_, _ = rand.Read(b)
 	name := "billing_demo_test_" + hex.EncodeToString(b)
 	t.Cleanup(func() {
-		admin, err := postgres.Open(dbtest.ServerURL(), 1)
+		admin, err := postgres.Open(dbtest.ServerURL(t), 1)
 		if err != nil {
 			t.Errorf("drop %s: %v", name, err)
 			return
@@ -63,7 +63,7 @@ func TestDemo_SummaryMatchesTheDatabaseProviderAndBroker(t *testing.T) {
 	}
 	name := demoDatabase(t)
 	const count = 300
-	c := startCommand(t, map[string]string{"DATABASE_URL": dbtest.ServerURL()}, "demo",
+	c := startCommand(t, map[string]string{"DATABASE_URL": dbtest.ServerURL(t)}, "demo",
 		"--count", strconv.Itoa(count), "--partitions", "3", "--keep", "--db-name", name,
 		"--log", filepath.Join(t.TempDir(), "serve.log"))
 	c.waitOutput(t, regexp.MustCompile(`Ctrl-C stops everything`), 90*time.Second)
@@ -96,7 +96,7 @@ func TestDemo_SummaryMatchesTheDatabaseProviderAndBroker(t *testing.T) {
 	declined := exp.Declined(20)
 
 	// The database.
-	u, err := url.Parse(dbtest.ServerURL())
+	u, err := url.Parse(dbtest.ServerURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestDemo_ExitsZeroAfterThePassingSummary(t *testing.T) {
 	name := demoDatabase(t)
 	var stdout syncBuffer
 	err := run(t.Context(), []string{"billing", "demo", "--count", "100", "--partitions", "2", "--db-name", name,
-		"--log", filepath.Join(t.TempDir(), "serve.log")}, map[string]string{"DATABASE_URL": dbtest.ServerURL()}, &stdout, &stdout)
+		"--log", filepath.Join(t.TempDir(), "serve.log")}, map[string]string{"DATABASE_URL": dbtest.ServerURL(t)}, &stdout, &stdout)
 	if err != nil {
 		t.Fatalf("demo exited with %v:\n%s", err, stdout.String())
 	}
