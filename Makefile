@@ -23,24 +23,30 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/billing
 
 ## demo: the whole pipeline on this machine (embedded broker, fake provider,
-## local PostgreSQL), then a summary; DEMO_FLAGS="--keep" leaves it running
-## until Ctrl-C
+## the PostgreSQL at DATABASE_URL or one of its own), then a summary;
+## DEMO_FLAGS="--keep" leaves it running until Ctrl-C
 # The built binary, not `go run`: go run exits 1 when interrupted even when
 # the program exits 0, which turned Ctrl-C of --keep into a make error.
 demo: build
 	$(BIN) demo $(DEMO_FLAGS)
 
-## test: every test, with the race detector, against the local PostgreSQL
-## and KAFKA_TEST_BROKER (default: Apache Kafka where Java and Maven are
-## installed, else the embedded kfake broker; see docs/testing.md)
+# The tests' PostgreSQL: the server at TEST_DATABASE_URL (127.0.0.1:5432)
+# when it answers, else one withpg starts for the whole run, from PG_BIN,
+# /usr/lib/postgresql/*/bin or the embedded PostgreSQL (docs/testing.md).
+WITHPG := $(GO) run ./internal/dev/pgserver/cmd/withpg
+
+## test: every test, with the race detector, against the PostgreSQL at
+## TEST_DATABASE_URL or one of their own, and KAFKA_TEST_BROKER (default:
+## Apache Kafka where Java and Maven are installed, else the embedded kfake
+## broker; see docs/testing.md)
 test:
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(WITHPG) $(GO) test -race -count=1 -timeout 20m ./...
 	cd deploy/check && $(GO) test -count=1 ./...
 
 ## test-kfake: the tests that talk to a broker, on the embedded kfake broker
 KAFKA_PACKAGES := ./cmd/... ./internal/kafka/... ./internal/kafkatest/... ./internal/loadgen/...
 test-kfake:
-	KAFKA_TEST_BROKER=kfake $(GO) test -race -count=1 -timeout 20m $(KAFKA_PACKAGES)
+	KAFKA_TEST_BROKER=kfake $(WITHPG) $(GO) test -race -count=1 -timeout 20m $(KAFKA_PACKAGES)
 
 ## kafka: resolve the pinned Apache Kafka (test/kafka/pom.xml) into the cache
 ## the tests use (~/.cache/billing/kafka-<version>); they do it on first use

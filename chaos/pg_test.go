@@ -15,18 +15,22 @@ import (
 	"syscall"
 	"time"
 
+	"example.com/billing/internal/dev/pgserver"
 	"example.com/billing/internal/freeport"
 	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 )
 
-// pgBin is where the PostgreSQL 15 binaries are; PG_BIN overrides it.
+// pgBin is a program of the local PostgreSQL, as the tests find it (PG_BIN,
+// else the newest /usr/lib/postgresql/*/bin): the suite needs programs the
+// embedded binaries lack (pg_basebackup). Without them the program is
+// looked up on PATH, and the first cluster's start says it is not there.
 func pgBin(name string) string {
-	dir := os.Getenv("PG_BIN")
-	if dir == "" {
-		dir = "/usr/lib/postgresql/15/bin"
+	b, err := pgserver.LocalBinaries(context.Background(), os.Getenv("PG_BIN"))
+	if err != nil {
+		return name
 	}
-	return filepath.Join(dir, name)
+	return filepath.Join(b.Dir, name)
 }
 
 // pgCluster is a throwaway PostgreSQL cluster that the suite may stop and

@@ -11,6 +11,10 @@ import (
 	"example.com/billing/internal/dbtest"
 )
 
+// TestMain stops the PostgreSQL server the tests started, if none answered
+// (see dbtest).
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
 // TestRunSmall runs the whole benchmark on a few thousand rows, so that a
 // migration that changes processed_event breaks `make test`, not the next
 // person who runs `make bench-dedup` (migration 00004's claimed_with did).
@@ -18,7 +22,7 @@ func TestRunSmall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	args := []string{"-dsn", dbtest.ServerURL(), "-rows", "7000", "-duration", "300ms", "-rounds", "1", "-workers", "2"}
+	args := []string{"-dsn", dbtest.ServerURL(t), "-rows", "7000", "-duration", "300ms", "-rounds", "1", "-workers", "2"}
 	if err := run(ctx, args, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}

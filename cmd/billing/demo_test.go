@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/dev/pgserver"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/postgres"
@@ -27,7 +29,7 @@ func demoDatabase(t *testing.T) string {
 	_, _ = rand.Read(b)
 	name := "billing_demo_test_" + hex.EncodeToString(b)
 	t.Cleanup(func() {
-		admin, err := postgres.Open(dbtest.ServerURL(), 1)
+		admin, err := postgres.Open(dbtest.ServerURL(t), 1)
 		if err != nil {
 			t.Errorf("drop %s: %v", name, err)
 			return
@@ -63,7 +65,7 @@ func TestDemo_SummaryMatchesTheDatabaseProviderAndBroker(t *testing.T) {
 	}
 	name := demoDatabase(t)
 	const count = 300
-	c := startCommand(t, map[string]string{"DATABASE_URL": dbtest.ServerURL()}, "demo",
+	c := startCommand(t, map[string]string{"DATABASE_URL": dbtest.ServerURL(t)}, "demo",
 		"--count", strconv.Itoa(count), "--partitions", "3", "--keep", "--db-name", name,
 		"--log", filepath.Join(t.TempDir(), "serve.log"))
 	c.waitOutput(t, regexp.MustCompile(`Ctrl-C stops everything`), 90*time.Second)
@@ -96,7 +98,7 @@ func TestDemo_SummaryMatchesTheDatabaseProviderAndBroker(t *testing.T) {
 	declined := exp.Declined(20)
 
 	// The database.
-	u, err := url.Parse(dbtest.ServerURL())
+	u, err := url.Parse(dbtest.ServerURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +195,7 @@ func TestDemo_ExitsZeroAfterThePassingSummary(t *testing.T) {
 	name := demoDatabase(t)
 	var stdout syncBuffer
 	err := run(t.Context(), []string{"billing", "demo", "--count", "100", "--partitions", "2", "--db-name", name,
-		"--log", filepath.Join(t.TempDir(), "serve.log")}, map[string]string{"DATABASE_URL": dbtest.ServerURL()}, &stdout, &stdout)
+		"--log", filepath.Join(t.TempDir(), "serve.log")}, map[string]string{"DATABASE_URL": dbtest.ServerURL(t)}, &stdout, &stdout)
 	if err != nil {
 		t.Fatalf("demo exited with %v:\n%s", err, stdout.String())
 	}
@@ -226,15 +228,49 @@ func TestDemo_ExitsZeroAfterThePassingSummary(t *testing.T) {
 	}
 }
 
-func TestDemo_WithoutPostgreSQLSaysHowToGetOne(t *testing.T) {
-	closed := "postgres://postgres@" + freeAddr(t) + "/postgres?sslmode=disable"
+// Where no PostgreSQL answers, the demo starts one of its own from the
+// binaries this run finds (local ones, or the embedded PostgreSQL with
+// PG_BIN an empty directory), says which, and removes it at exit.
+func TestDemo_WithoutPostgreSQLStartsOneOfItsOwn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	closed := freeAddr(t)
+	var stdout syncBuffer
+	err := run(t.Context(), []string{"billing", "demo", "--count", "100", "--partitions", "2", "--log", filepath.Join(t.TempDir(), "serve.log")},
+		map[string]string{"DATABASE_URL": "postgres://postgres@" + closed + "/postgres?sslmode=disable",
+			"PG_BIN": os.Getenv("PG_BIN"), "BILLING_CACHE_DIR": os.Getenv("BILLING_CACHE_DIR")}, &stdout, &stdout)
+	out := stdout.String()
+	if err != nil {
+		t.Fatalf("demo exited with %v:\n%s", err, out)
+	}
+	m := regexp.MustCompile(`(?m)^  postgres  (?:embedded )?PostgreSQL 1\d[.\d]* (?:from|in) \S+.*started on (127\.0\.0\.1:\d+) in [\d.]+s \(nothing answered at ` +
+		regexp.QuoteMeta(closed) + `\)`).FindStringSubmatch(out)
+	if m == nil || !strings.Contains(out, "\nPASS: ") {
+		t.Fatalf("want a postgres line naming the PostgreSQL started and a PASS line:\n%s", out)
+	}
+	if !strings.Contains(out, "  database  postgres://postgres@"+m[1]+"/billing_demo") {
+		t.Errorf("the demo's database is not on the server it started:\n%s", out)
+	}
+	if pgserver.Answers(t.Context(), "postgres://postgres@"+m[1]+"/postgres?sslmode=disable") {
+		t.Errorf("the PostgreSQL the demo started on %s still answers after it exited", m[1])
+	}
+}
+
+func TestDemo_WithoutPostgreSQLAndNoneToStartSaysHowToGetOne(t *testing.T) {
+	// No server, no local binaries, and a cache that cannot be made.
+	notADir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notADir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	var stdout bytes.Buffer
 	err := run(t.Context(), []string{"billing", "demo", "--count", "10", "--log", filepath.Join(t.TempDir(), "serve.log")},
-		map[string]string{"DATABASE_URL": closed}, &stdout, &stdout)
+		map[string]string{"DATABASE_URL": "postgres://postgres@" + freeAddr(t) + "/postgres?sslmode=disable",
+			"PG_BIN": t.TempDir(), "BILLING_CACHE_DIR": notADir}, &stdout, &stdout)
 	if err == nil {
 		t.Fatal("demo succeeded without a database")
 	}
-	for _, want := range []string{"no PostgreSQL answers", "apt-get install postgresql", "docker run", "DATABASE_URL"} {
+	for _, want := range []string{"no PostgreSQL answers", "could not start one", "DATABASE_URL=", "PG_BIN=", "Maven Central"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}

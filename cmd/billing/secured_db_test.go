@@ -17,6 +17,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"example.com/billing/internal/dev/pgserver"
 	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/pgtest"
@@ -30,7 +31,7 @@ import (
 // billing_runtime, both with passwords and admitted only over TLS. admin is
 // the superuser's pool on it.
 type securedDB struct {
-	pg               *pgtest.Cluster
+	pg               *pgserver.Cluster
 	caFile           string
 	admin            *sqlx.DB
 	ownerPW, appPW   string
@@ -50,7 +51,7 @@ func newSecuredDB(t *testing.T) *securedDB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pg.Close)
+	t.Cleanup(func() { _ = pg.Close() })
 	d := &securedDB{pg: pg, caFile: pki.CAFile, ownerPW: "owner-pw-" + randomSuffix(), appPW: "app-pw-" + randomSuffix()}
 	d.secrets = []string{d.ownerPW, d.appPW}
 	root, err := postgres.Open(pg.URL("postgres"), 1)

@@ -1,37 +1,119 @@
 // Package dbtest gives each test a fresh, migrated PostgreSQL database of
-// its own on a real server, and drops it when the test ends.
+// its own on a real server, and drops it when the test ends. Tests never
+// share a database, so they can run in parallel and leave nothing behind.
 //
-// The server is TEST_DATABASE_URL, by default the local one on
-// 127.0.0.1:5432. Tests never share a database, so they can run in
-// parallel and leave nothing behind.
+// The server is the one TEST_DATABASE_URL names (by default the local one
+// on 127.0.0.1:5432) when it answers; make test starts one for the whole
+// run when none does, and names it in TEST_DATABASE_URL. A test binary run
+// by other means (go test ./...) where none answers starts one of its own
+// on first use, as pgserver does it (local binaries, else the embedded
+// PostgreSQL), and stops it when its tests end: a package that uses dbtest
+// has
+//
+//	func TestMain(m *testing.M) { dbtest.Main(m) }
 package dbtest
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
+	"example.com/billing/internal/dev/pgserver"
 	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
 )
 
-// DefaultURL is the server tests use unless TEST_DATABASE_URL says otherwise.
-const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+// server is the server of this test binary's tests: the one that answers,
+// or the one they started, which Main stops.
+var server struct {
+	mu sync.Mutex
+	// main is set while Main runs the tests: a server started now is
+	// stopped after them.
+	main    bool
+	url     string
+	err     error
+	started *pgserver.Server
+}
 
-// ServerURL returns the URL of the test server's maintenance database.
-func ServerURL() string {
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
+// ServerURL returns the URL of the maintenance database of the server the
+// tests use, starting one when none answers.
+func ServerURL(t testing.TB) string {
+	t.Helper()
+	server.mu.Lock()
+	defer server.mu.Unlock()
+	if server.url == "" && server.err == nil {
+		server.url, server.err = find()
 	}
-	return DefaultURL
+	if server.err != nil {
+		t.Fatal(server.err)
+	}
+	return server.url
+}
+
+// find returns the server that answers, or starts one. A failure is kept:
+// the package's other tests fail at once with it rather than try again.
+func find() (string, error) {
+	opts := pgserver.TestOptions(os.Getenv)
+	// Long enough for the embedded binaries' first fetch on a slow network.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if pgserver.Answers(ctx, opts.URL) {
+		return opts.URL, nil
+	}
+	if !server.main {
+		return "", fmt.Errorf("dbtest: no PostgreSQL answers at %s, and these tests may not start one: nothing would stop it. "+
+			"The package needs func TestMain(m *testing.M) { dbtest.Main(m) }", postgres.Redact(opts.URL))
+	}
+	s, err := pgserver.Start(ctx, opts)
+	if err != nil {
+		return "", fmt.Errorf("dbtest: no PostgreSQL answers at %s, and none could be started: %w", postgres.Redact(opts.URL), err)
+	}
+	server.started = s
+	fmt.Fprintf(os.Stderr, "dbtest: %s\n", s.Describe())
+	return s.URL, nil
+}
+
+// M is what TestMain runs: a *testing.M, or one that another package's
+// Main wraps.
+type M interface{ Run() int }
+
+// Main runs a package's tests, stops the server they started if they
+// started one, and exits.
+func Main(m M) { os.Exit(WithServer(m).Run()) }
+
+// WithServer returns m, whose Run lets the tests start a server and stops
+// it after them: for a TestMain that hands m to another package's Main,
+// e.g. kafkatest.Main(dbtest.WithServer(m)).
+func WithServer(m M) M { return withServer{m} }
+
+type withServer struct{ m M }
+
+func (w withServer) Run() int {
+	server.mu.Lock()
+	server.main = true
+	server.mu.Unlock()
+	code := w.m.Run()
+	server.mu.Lock()
+	defer server.mu.Unlock()
+	server.main = false
+	if server.started != nil {
+		if err := server.started.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "dbtest: %v\n", err)
+			code = max(code, 1)
+		}
+		server.started = nil
+	}
+	return code
 }
 
 // New creates a database for t, applies the migrations and returns a pool
@@ -55,7 +137,7 @@ func New(t testing.TB) (*sqlx.DB, string) {
 // Empty creates an empty database for t and returns its URL.
 func Empty(t testing.TB) string {
 	t.Helper()
-	server := ServerURL()
+	server := ServerURL(t)
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	name := "billing_test_" + hex.EncodeToString(suffix)
@@ -63,7 +145,7 @@ func Empty(t testing.TB) string {
 	defer cancel()
 	dsn, err := pgtest.Recreate(ctx, server, name)
 	if err != nil {
-		t.Fatalf("create test database (is PostgreSQL running at %s?): %v", postgres.Redact(server), err)
+		t.Fatalf("create test database on %s: %v", postgres.Redact(server), err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -3,9 +3,11 @@ package kafka_test
 import (
 	"testing"
 
+	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/kafkatest"
 )
 
-// TestMain stops the Apache Kafka cluster the tests shared, if they
-// started one (see kafkatest.Start).
-func TestMain(m *testing.M) { kafkatest.Main(m) }
+// TestMain stops what the tests shared, if they started it: the Apache
+// Kafka cluster (see kafkatest.Start) and the PostgreSQL server (when none
+// answered, see dbtest).
+func TestMain(m *testing.M) { kafkatest.Main(dbtest.WithServer(m)) }

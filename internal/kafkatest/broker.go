@@ -451,8 +451,10 @@ func startApache() (*apacheCluster, error) {
 
 // Main runs a package's tests and then stops the Apache Kafka cluster they
 // shared, if they started one. Its files are removed unless a test failed.
-// Use it from TestMain: `func TestMain(m *testing.M) { kafkatest.Main(m) }`.
-func Main(m *testing.M) {
+// Use it from TestMain: `func TestMain(m *testing.M) { kafkatest.Main(m) }`;
+// m may also be another package's wrapper of *testing.M
+// (dbtest.WithServer).
+func Main(m interface{ Run() int }) {
 	code := m.Run()
 	if c := shared.c; c != nil {
 		c.cluster.Close()

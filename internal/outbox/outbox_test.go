@@ -28,7 +28,10 @@ import (
 	"example.com/billing/internal/postgres"
 )
 
-func TestMain(m *testing.M) { kafkatest.Main(m) }
+// TestMain stops what the tests shared, if they started it: the Apache
+// Kafka cluster (see kafkatest.Start) and the PostgreSQL server (when none
+// answered, see dbtest).
+func TestMain(m *testing.M) { kafkatest.Main(dbtest.WithServer(m)) }
 
 func TestOutcome_MarshalJSON(t *testing.T) {
 	id := uuid.Must(uuid.FromString("01938d2e-7c4a-7b1e-9f00-000000000001"))

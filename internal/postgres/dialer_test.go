@@ -50,7 +50,7 @@ func TestOpen_AQueryOnADroppedNetworkFailsInSeconds(t *testing.T) {
 // serverAddr is the host:port of the test server.
 func serverAddr(t *testing.T) string {
 	t.Helper()
-	u, err := url.Parse(dbtest.ServerURL())
+	u, err := url.Parse(dbtest.ServerURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -194,7 +194,7 @@ func closedPort(t *testing.T) int {
 // withURL returns the test server's URL changed by edit.
 func withURL(t *testing.T, edit func(u *url.URL)) string {
 	t.Helper()
-	u, err := url.Parse(dbtest.ServerURL())
+	u, err := url.Parse(dbtest.ServerURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestIsConfigError(t *testing.T) {
 			return ping(t, withURL(t, func(u *url.URL) { u.Host = "127.0.0.1:" + strconv.Itoa(closedPort(t)) }))
 		}, false},
 		{"OK_SQLErrorIsNot", func(t *testing.T) error {
-			db := open(t, dbtest.ServerURL(), 1)
+			db := open(t, dbtest.ServerURL(t), 1)
 			_, err := db.ExecContext(testCtx(t), `SELEC 1`)
 			return err
 		}, false},

@@ -1,0 +1,11 @@
+package reconcile_test
+
+import (
+	"testing"
+
+	"example.com/billing/internal/dbtest"
+)
+
+// TestMain stops the PostgreSQL server the tests started, if none answered
+// (see dbtest).
+func TestMain(m *testing.M) { dbtest.Main(m) }
