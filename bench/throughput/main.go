@@ -29,6 +29,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -41,6 +43,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"example.com/billing/internal/redact"
 )
 
 type scenario struct {
@@ -57,6 +61,14 @@ type scenario struct {
 	// rateLimit, when > 0, makes the fake provider answer 429 beyond that
 	// many requests a second, as a provider's rate limit does.
 	rateLimit int
+	// replicas is how many serve processes share the consumer group (0
+	// and 1: one).
+	replicas int
+	// live: the replicas start first and the events are produced once
+	// they all hold a group session, instead of a backlog produced before
+	// serve starts; the window then measures the group at work, not its
+	// members joining one by one while the first drains the backlog.
+	live bool
 }
 
 type result struct {
@@ -92,6 +104,19 @@ type result struct {
 	load0, load1                        string    // 1-minute load average at the start and the end
 	memAtPeak                           memSample // near the highest resident set
 	complaints                          string    // serve's warnings and errors, summarised
+	// With replicas: the time from the first replica's readiness to the
+	// last's, and the cores each kept busy.
+	allReady     time.Duration
+	replicaCores []float64
+	// produceTime, live: how long producing the events took, within the
+	// window.
+	produceTime time.Duration
+	// The provider's requests over the run (received, in flight), sampled,
+	// and the ramp, steady state and tail read from them.
+	samples []sample
+	phases  phases
+	// db is what the scenario cost PostgreSQL.
+	db dbCost
 }
 
 func main() {
@@ -108,7 +133,7 @@ func run() error {
 		partitions = flag.Int("partitions", 6, "partitions of the topic")
 		outcomeN   = flag.Int("outcome-partitions", 0, "partitions of the outcome topic (payments.settled); 0: as many as the topic")
 		binary     = flag.String("binary", "bin/billing", "the billing binary to run (make build)")
-		server     = flag.String("db", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL server (maintenance database URL)")
+		server     = flag.String("db", "", "PostgreSQL server (maintenance database URL) instead of the benchmark's own cluster (initdb'd in a temporary directory); no database cost is measured there, as its WAL and CPU are everyone's")
 		only       = flag.String("only", "", "run only scenarios whose name contains this")
 		extra      = flag.String("env", "", "extra serve environment for the billing scenarios, comma-separated K=V")
 		pgbenchT   = flag.Duration("pgbench", 15*time.Second, "pgbench duration (0 skips it)")
@@ -125,6 +150,9 @@ func run() error {
 		rps        = flag.Bool("rps", true, "also run billing with PAYMENT_MAX_RPS=100 against a provider limited to 100 requests/s")
 		profileDir = flag.String("profile", "", "save heap profiles of serve (inuse_space and alloc_space) in this directory: at the peak resident set (with a goroutine profile and the memory then), every -profile-every and at the end; perturbs what it measures a little: for finding where memory goes, not for the tables (finer samples: -env GODEBUG=memprofilerate=16384)")
 		profEvery  = flag.Duration("profile-every", 5*time.Second, "with -profile: how often to save a heap profile besides the peak's (0: only the peak's and the end's)")
+		pspKind    = flag.String("provider", providerInProcess, "how the fake provider runs: inprocess (fakepsp in this process), process (billing fakepsp, a process of its own) or node (a Node.js stub, node-psp.mjs)")
+		timeline   = flag.String("timeline", "", "write each scenario's provider requests over time (seconds since the window started, received, in flight; every 50 ms) as CSV files in this directory")
+		replicaArg = flag.String("replicas", "1", "serve processes in one consumer group, comma-separated counts: billing's scenarios run with each (events × replicas); the seed design and the baseline with one")
 	)
 	flag.Parse()
 
@@ -141,6 +169,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	replicaCounts, err := parseCounts(*replicaArg)
+	if err != nil {
+		return fmt.Errorf("-replicas: %w", err)
+	}
+	// A scale-out comparison runs billing live (see scenario.live), one
+	// replica too, so that its rows compare like with like.
+	scaleOut := len(replicaCounts) > 1 || replicaCounts[0] > 1
 	// Event counts per design: billing takes the full count; the earlier
 	// binary held a transaction per event across the provider call (about
 	// 100 open at once, so ~100/latency events/s); the seed design handles
@@ -172,8 +207,19 @@ func run() error {
 		latencies, *rps = nil, false
 	}
 	for _, l := range latencies {
-		for _, d := range designs {
-			scenarios = append(scenarios, scenario{name: scenarioName(d.label, l), binary: d.binary, latency: l, events: d.events(l), env: d.env})
+		for i, d := range designs {
+			counts := replicaCounts
+			if i > 0 {
+				counts = []int{1} // the baseline and the seed design: one process
+			}
+			for _, n := range counts {
+				name := scenarioName(d.label, l)
+				if n > 1 {
+					name = scenarioName(fmt.Sprintf("%s ×%d", d.label, n), l)
+				}
+				scenarios = append(scenarios, scenario{name: name, binary: d.binary, latency: l, events: d.events(l) * n, env: d.env, replicas: n,
+					live: i == 0 && scaleOut})
+			}
 		}
 	}
 	if *rps {
@@ -191,9 +237,24 @@ func run() error {
 	if *outcomeN <= 0 {
 		*outcomeN = *partitions
 	}
-	opts := runOptions{server: *server, partitions: int32(*partitions), outcomePartitions: int32(*outcomeN), profileDir: *profileDir, profileEvery: *profEvery, providerHTTP2: *http2}
+	opts := runOptions{server: *server, partitions: int32(*partitions), outcomePartitions: int32(*outcomeN), profileDir: *profileDir, profileEvery: *profEvery,
+		providerHTTP2: *http2, provider: *pspKind, fakepspBinary: *binary}
+	if *pspKind != providerInProcess && *http2 {
+		return errors.New("-provider-http2 needs -provider inprocess")
+	}
 
 	fmt.Printf("machine: %d CPUs, %s; %s; load average %s\n", numCPU(), memTotal(), goVersion(), loadAverage())
+	if opts.server == "" {
+		pg, err := startPGCluster(context.Background())
+		if err != nil {
+			return fmt.Errorf("the benchmark's PostgreSQL cluster: %w", err)
+		}
+		defer pg.close()
+		opts.pg, opts.server = pg, pg.url("postgres")
+		fmt.Printf("PostgreSQL: the benchmark's own cluster on 127.0.0.1:%d (%s), %s\n", pg.port, pg.dir, strings.Join(pgSettings[2:], " "))
+	} else {
+		fmt.Printf("PostgreSQL: %s, shared: no database cost measured\n", redact.DSN(opts.server))
+	}
 	brokers := make([]*broker, 0, len(kinds))
 	for _, kind := range kinds {
 		b, err := startBroker(kind, *nodes)
@@ -218,6 +279,25 @@ func run() error {
 				r.eventsPerS, r.elapsed.Round(time.Millisecond), ms(r.cpuPerEvent), r.serviceCores, 100*r.machineBusy, r.load0, r.load1,
 				float64(r.peakRSS)/(1<<20), float64(r.peakAnon)/(1<<20), r.maxInFlight, r.meanInFlight)
 			fmt.Print(indent(describe(r.memAtPeak), "    "))
+			if r.live {
+				fmt.Printf("    live: %d replica(s) held the group steadily before the events were produced (in %s, within the window); cores each: %s\n",
+					len(r.replicaCores), r.produceTime.Round(time.Millisecond), formatCores(r.replicaCores))
+			} else if len(r.replicaCores) > 1 {
+				fmt.Printf("    %d replicas, all ready %s after the first; cores each: %s\n", len(r.replicaCores), r.allReady.Round(time.Millisecond), formatCores(r.replicaCores))
+			}
+			if r.db.measured {
+				fmt.Printf("    database: %s\n", describeDB(r))
+			}
+			if r.latency > 0 {
+				fmt.Printf("    provider: %s\n", describePhases(r))
+			}
+			if *timeline != "" {
+				path, err := writeTimeline(*timeline, slug(sc.name+" "+b.name), r.samples)
+				if err != nil {
+					return fmt.Errorf("-timeline: %w", err)
+				}
+				fmt.Printf("    timeline: %s\n", path)
+			}
 			if r.complaints != "" {
 				fmt.Printf("    serve logged %s\n", r.complaints)
 			}
@@ -227,11 +307,13 @@ func run() error {
 	var pgTPS float64
 	if *pgbenchT > 0 {
 		var err error
-		if pgTPS, err = runPgbench(*server, *pgbenchT); err != nil {
+		if pgTPS, err = runPgbench(opts.server, *pgbenchT); err != nil {
 			return fmt.Errorf("pgbench: %w", err)
 		}
 	}
 	printTable(results, pgTPS)
+	printDBCost(results)
+	printScaleOut(results)
 	for _, b := range brokers {
 		if len(latencies) > 0 {
 			printSweep(designs, latencies, results, b.name)

@@ -63,11 +63,7 @@ func runPgbench(server string, d time.Duration) (float64, error) {
 	if err := os.WriteFile(script, []byte(pgbenchScript), 0o600); err != nil {
 		return 0, err
 	}
-	bin := "pgbench"
-	if _, err := exec.LookPath(bin); err != nil {
-		bin = "/usr/lib/postgresql/15/bin/pgbench"
-	}
-	out, err := exec.Command(bin, "-n", "-M", "prepared", "-c", "16", "-j", "2",
+	out, err := exec.Command(pgBin("pgbench"), "-n", "-M", "prepared", "-c", "16", "-j", "2",
 		"-T", strconv.Itoa(int(d.Seconds())), "-f", script, dsn).CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("%w\n%s", err, out)
