@@ -117,8 +117,8 @@ func TestSplitPhases(t *testing.T) {
 	if p.first != ms(100) || p.full != ms(100) || p.lastFull != ms(1100) || p.lastAnswer != ms(1300) {
 		t.Errorf("phases %v %v %v %v, want 100ms 100ms 1.1s 1.3s", p.first, p.full, p.lastFull, p.lastAnswer)
 	}
-	if p.steady != 4 {
-		t.Errorf("steady %v requests/s, want 4", p.steady)
+	if p.held != 4 {
+		t.Errorf("held %v in flight, want 4", p.held)
 	}
 	// 20 % of 8 answered (1.6, so 2) first at 0.6 s, 80 % (6.4, so 6) at 1.3 s.
 	if want := 4 / 0.7; math.Abs(p.mid-want) > 1e-9 {
@@ -127,8 +127,8 @@ func TestSplitPhases(t *testing.T) {
 	if want := 14.0 / 4; p.meanBusy != want { // 4, 4, 4, 2 from the first request to the last answer
 		t.Errorf("meanBusy %v, want %v", p.meanBusy, want)
 	}
-	if q := splitPhases(samples, 5); q.full != -1 || !math.IsNaN(q.steady) {
-		t.Errorf("a limit never reached: full %v, steady %v; want -1, NaN", q.full, q.steady)
+	if q := splitPhases(samples, 5); q.full != -1 || !math.IsNaN(q.held) {
+		t.Errorf("a limit never reached: full %v, held %v; want -1, NaN", q.full, q.held)
 	}
 	if q := splitPhases(nil, 4); q.first != -1 || !math.IsNaN(q.mid) {
 		t.Errorf("no samples: %+v", q)

@@ -61,9 +61,8 @@ func describePhases(r result) string {
 	}
 	s := fmt.Sprintf("first request %s after ready; ", secs(p.first))
 	if p.full >= 0 {
-		ideal := float64(limit) / r.latency.Seconds()
-		s += fmt.Sprintf("≥ %.0f%% of %d in flight from %s to %s (%.0f requests/s, %.1f%% of %d/%s); ", 100*fullShare, limit, secs(p.full), secs(p.lastFull),
-			p.steady, 100*p.steady/ideal, limit, r.latency)
+		s += fmt.Sprintf("≥ %.0f%% of %d in flight from %s to %s (mean %.0f, %.1f%% of the limit); ", 100*fullShare, limit, secs(p.full), secs(p.lastFull),
+			p.held, 100*p.held/float64(limit))
 	} else {
 		s += fmt.Sprintf("never %.0f%% of %d in flight; ", 100*fullShare, limit)
 	}
@@ -73,6 +72,20 @@ func describePhases(r result) string {
 			float64(r.produced)/w.Seconds())
 	}
 	return s
+}
+
+// steadyEvents is a scenario's events/s without its start and its end: at
+// 0 ms the rate between 20 % and 80 % of the provider's requests answered;
+// with a latency, what the requests it held in flight at the limit would
+// carry (the answers come in waves, and a rate between two moments
+// depends on how many waves fall between them). Duplicates need no
+// request: the events are the requests scaled by produced/requests.
+func steadyEvents(r result) float64 {
+	perRequest := float64(r.produced) / math.Max(1, float64(r.requests))
+	if r.latency == 0 || math.IsNaN(r.phases.held) {
+		return r.phases.mid * perRequest
+	}
+	return r.phases.held / r.latency.Seconds() * perRequest
 }
 
 // printDBCost prints what each scenario cost PostgreSQL, and for the 0 ms
@@ -221,7 +234,7 @@ func printScaleOut(results []result) {
 			fmt.Println()
 			fmt.Println("Scale-out: replicas of serve in one consumer group, one database")
 			fmt.Println()
-			fmt.Println("| broker | provider latency | replicas | events | events/s | × one replica | steady (20–80 %) events/s | service cores, each | service CPU/event | PostgreSQL cores | PostgreSQL CPU/event | WAL bytes/event | WAL MB/s | machine CPU busy | provider requests in flight, mean (limit) | DB connection wait per event |")
+			fmt.Println("| broker | provider latency | replicas | events | events/s | × one replica | steady events/s | service cores, each | service CPU/event | PostgreSQL cores | PostgreSQL CPU/event | WAL bytes/event | WAL MB/s | machine CPU busy | provider requests in flight, mean (limit) | DB connection wait per event |")
 			fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 			printed = true
 		}
@@ -233,7 +246,7 @@ func printScaleOut(results []result) {
 				pgCPU = ms(r.db.cpu) / float64(r.produced)
 				walB = perEvent(r, r.db.wal)
 			}
-			steady := r.phases.mid * float64(r.produced) / math.Max(1, float64(r.requests))
+			steady := steadyEvents(r)
 			fmt.Printf("| %s | %d ms | %d | %d | %.0f | %.2f | %.0f | %s | %.3f ms | %.2f | %.3f ms | %.0f | %.2f | %.0f%% | %.0f (%d) | %s |\n",
 				r.broker, r.latency.Milliseconds(), max(r.replicas, 1), r.produced, r.eventsPerS, r.eventsPerS/base, steady,
 				formatCores(r.replicaCores), ms(r.cpuPerEvent), pgCores, pgCPU, walB, walRate(r), 100*r.machineBusy,

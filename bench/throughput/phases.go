@@ -18,11 +18,13 @@ type phases struct {
 	full       time.Duration // the requests in flight first reached fullShare of the limit; -1: never
 	lastFull   time.Duration // the last sample at fullShare of the limit or more
 	lastAnswer time.Duration // the last sample with a request in flight
-	// steady is the requests answered per second between full and
-	// lastFull; mid those answered per second between the fifth and the
-	// fifth-to-last fifth of all the requests (20 % and 80 %), which needs
-	// no limit and suits any latency.
-	steady, mid float64
+	// held is the mean of the requests in flight from full to lastFull:
+	// what the service kept at the provider while it had the work to (a
+	// rate there would depend on where the waves of answers fall); mid
+	// the requests answered per second between 20 % and 80 % of all of
+	// them answered, which needs no limit and suits a run without waves
+	// (0 ms).
+	held, mid float64
 	// meanBusy is the mean of the requests in flight between first and
 	// lastAnswer.
 	meanBusy float64
@@ -35,7 +37,7 @@ const fullShare = 0.95
 // splitPhases reads samples (in time order) against limit, the requests
 // the service may have in flight.
 func splitPhases(samples []sample, limit int64) phases {
-	p := phases{first: -1, full: -1, lastFull: -1, lastAnswer: -1, steady: math.NaN(), mid: math.NaN(), meanBusy: math.NaN()}
+	p := phases{first: -1, full: -1, lastFull: -1, lastAnswer: -1, held: math.NaN(), mid: math.NaN(), meanBusy: math.NaN()}
 	if len(samples) == 0 {
 		return p
 	}
@@ -79,7 +81,11 @@ func splitPhases(samples []sample, limit int64) phases {
 	}
 	if fullAt >= 0 {
 		p.full, p.lastFull = samples[fullAt].at, samples[lastFullAt].at
-		p.steady = rate(fullAt, lastFullAt)
+		var sum float64
+		for _, s := range samples[fullAt : lastFullAt+1] {
+			sum += float64(s.inFlight)
+		}
+		p.held = sum / float64(lastFullAt-fullAt+1)
 	}
 	p.mid = rate(at20, at80)
 	return p
