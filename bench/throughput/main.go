@@ -305,14 +305,16 @@ func run() error {
 		}
 	}
 	var pgTPS float64
+	var sqlResults []result
 	if *pgbenchT > 0 {
 		var err error
-		if pgTPS, err = runPgbench(opts.server, *pgbenchT); err != nil {
+		if sqlResults, err = runPgbench(opts.server, opts.pg, *pgbenchT); err != nil {
 			return fmt.Errorf("pgbench: %w", err)
 		}
+		pgTPS = sqlResults[0].eventsPerS
 	}
 	printTable(results, pgTPS)
-	printDBCost(results)
+	printDBCost(append(slices.Clip(results), sqlResults...))
 	printScaleOut(results)
 	for _, b := range brokers {
 		if len(latencies) > 0 {
