@@ -88,6 +88,15 @@ func steadyEvents(r result) float64 {
 	return r.phases.held / r.latency.Seconds() * perRequest
 }
 
+// pgCoresOf is the cores PostgreSQL kept busy while the scenario ran: over
+// the throughput window, or, for pgbench, over its database window.
+func pgCoresOf(r result) float64 {
+	if r.broker == "pgbench" {
+		return r.db.cpu.Seconds() / r.db.window.Seconds()
+	}
+	return r.pgCores
+}
+
 // printDBCost prints what each scenario cost PostgreSQL, and for the 0 ms
 // scenarios where the WAL went: by record type side by side, and by
 // relation for each design.
@@ -113,7 +122,7 @@ func printDBCost(results []result) {
 		}
 		fmt.Printf("| %s | %s | %d | %.0f | %.0f | %.0f | %.2f | %.3f | %.3f ms | %.2f | %.3f ms | %.2f | %d | %s |\n",
 			r.name, r.broker, r.produced, r.eventsPerS, perEvent(r, r.db.wal), perEvent(r, r.db.fpiBytes), perEvent(r, r.db.records),
-			perEvent(r, r.db.commits), ms(r.db.cpu)/float64(r.produced), r.db.cpu.Seconds()/r.db.window.Seconds(), ms(r.cpuPerEvent),
+			perEvent(r, r.db.commits), ms(r.db.cpu)/float64(r.produced), pgCoresOf(r), ms(r.cpuPerEvent),
 			walRate(r), r.db.checkpoints, vac)
 	}
 	var zero []result
@@ -234,22 +243,21 @@ func printScaleOut(results []result) {
 			fmt.Println()
 			fmt.Println("Scale-out: replicas of serve in one consumer group, one database")
 			fmt.Println()
-			fmt.Println("| broker | provider latency | replicas | events | events/s | × one replica | steady events/s | service cores, each | service CPU/event | PostgreSQL cores | PostgreSQL CPU/event | WAL bytes/event | WAL MB/s | machine CPU busy | provider requests in flight, mean (limit) | DB connection wait per event |")
-			fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+			fmt.Printf("| broker | provider latency | replicas | events | events/s | × one replica | steady events/s | service cores, each | service CPU/event | PostgreSQL cores | PostgreSQL CPU/event | WAL bytes/event | WAL MB/s | the benchmark's process (kfake, provider, producer), cores | machine CPU busy (of %d cores) | provider requests in flight, mean (limit) | DB connection wait per event |\n", numCPU())
+			fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 			printed = true
 		}
 		base := g[0].eventsPerS
 		for _, r := range g {
-			pgCores, pgCPU, walB := math.NaN(), math.NaN(), math.NaN()
+			pgCPU, walB := math.NaN(), math.NaN()
 			if r.db.measured {
-				pgCores = r.db.cpu.Seconds() / r.db.window.Seconds()
 				pgCPU = ms(r.db.cpu) / float64(r.produced)
 				walB = perEvent(r, r.db.wal)
 			}
 			steady := steadyEvents(r)
-			fmt.Printf("| %s | %d ms | %d | %d | %.0f | %.2f | %.0f | %s | %.3f ms | %.2f | %.3f ms | %.0f | %.2f | %.0f%% | %.0f (%d) | %s |\n",
+			fmt.Printf("| %s | %d ms | %d | %d | %.0f | %.2f | %.0f | %s | %.3f ms | %.2f | %.3f ms | %.0f | %.2f | %.2f | %.0f%% | %.0f (%d) | %s |\n",
 				r.broker, r.latency.Milliseconds(), max(r.replicas, 1), r.produced, r.eventsPerS, r.eventsPerS/base, steady,
-				formatCores(r.replicaCores), ms(r.cpuPerEvent), pgCores, pgCPU, walB, walRate(r), 100*r.machineBusy,
+				formatCores(r.replicaCores), ms(r.cpuPerEvent), r.pgCores, pgCPU, walB, walRate(r), r.benchCores, 100*r.machineBusy,
 				r.meanInFlight, r.maxConcurrency*max(r.replicas, 1), secs(r.poolWait))
 		}
 	}

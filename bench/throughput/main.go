@@ -101,9 +101,16 @@ type result struct {
 	// waited for a database connection, per event (NaN when the binary
 	// does not export it).
 	serviceCores, machineBusy, poolWait float64
-	load0, load1                        string    // 1-minute load average at the start and the end
-	memAtPeak                           memSample // near the highest resident set
-	complaints                          string    // serve's warnings and errors, summarised
+	// benchCores are the cores this process kept busy over the window:
+	// the fake provider in process, kfake, the producer of a live run,
+	// the sampling.
+	benchCores float64
+	// pgCores are the cores PostgreSQL kept busy over the same window
+	// (the database window is longer: db.cpu is per event over that).
+	pgCores      float64
+	load0, load1 string    // 1-minute load average at the start and the end
+	memAtPeak    memSample // near the highest resident set
+	complaints   string    // serve's warnings and errors, summarised
 	// With replicas: the time from the first replica's readiness to the
 	// last's, and the cores each kept busy.
 	allReady     time.Duration
@@ -275,8 +282,8 @@ func run() error {
 			if err != nil {
 				return fmt.Errorf("%s on %s: %w", sc.name, b.name, err)
 			}
-			fmt.Printf("    %.0f events/s in %s, CPU %.3f ms/event (%.2f cores; machine %.0f%% busy, load %s→%s), peak RSS %.1f MiB (anonymous %.1f), provider requests in flight: most %d, mean %.0f\n",
-				r.eventsPerS, r.elapsed.Round(time.Millisecond), ms(r.cpuPerEvent), r.serviceCores, 100*r.machineBusy, r.load0, r.load1,
+			fmt.Printf("    %.0f events/s in %s, CPU %.3f ms/event (%.2f cores; PostgreSQL %.2f; the benchmark's process %.2f; machine %.0f%% busy, load %s→%s), peak RSS %.1f MiB (anonymous %.1f), provider requests in flight: most %d, mean %.0f\n",
+				r.eventsPerS, r.elapsed.Round(time.Millisecond), ms(r.cpuPerEvent), r.serviceCores, r.pgCores, r.benchCores, 100*r.machineBusy, r.load0, r.load1,
 				float64(r.peakRSS)/(1<<20), float64(r.peakAnon)/(1<<20), r.maxInFlight, r.meanInFlight)
 			fmt.Print(indent(describe(r.memAtPeak), "    "))
 			if r.live {

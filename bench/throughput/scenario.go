@@ -182,7 +182,7 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 	var start time.Time
 	var samples *sampler
 	var watch *watcher
-	var broker0 time.Duration
+	var broker0, self0, pg0 time.Duration
 	var machine0 cpuSample
 	begin := func() error {
 		start = time.Now()
@@ -194,6 +194,14 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 		}
 		if broker0, err = b.cpu(); err != nil {
 			return err
+		}
+		if self0, err = cpuTime(os.Getpid()); err != nil {
+			return err
+		}
+		if opts.pg != nil {
+			if pg0, err = serverCPU(opts.pg.postmaster()); err != nil {
+				return err
+			}
 		}
 		if machine0, err = machineCPU(); err != nil {
 			return err
@@ -269,6 +277,19 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 	broker1, err := b.cpu()
 	if err != nil {
 		return res, err
+	}
+	self1, err := cpuTime(os.Getpid())
+	if err != nil {
+		return res, err
+	}
+	res.benchCores = (self1 - self0).Seconds() / res.elapsed.Seconds()
+	res.pgCores = math.NaN()
+	if opts.pg != nil {
+		pg1, err := serverCPU(opts.pg.postmaster())
+		if err != nil {
+			return res, err
+		}
+		res.pgCores = (pg1 - pg0).Seconds() / res.elapsed.Seconds()
 	}
 	machine1, err := machineCPU()
 	if err != nil {
