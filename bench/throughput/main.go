@@ -2,7 +2,7 @@
 //
 // For each scenario it pre-produces events (10% duplicates) into a topic
 // with 6 partitions, starts the real `billing serve` binary as a process of
-// its own against the local PostgreSQL and a fake provider with a given
+// its own against PostgreSQL and a fake provider with a given
 // latency, and measures the time until the group's committed offsets reach
 // the end offsets. It reports events/s, latency percentiles, the service's
 // own CPU per event, its peak RSS, the provider requests in flight (the
@@ -10,6 +10,16 @@
 // (the cores the service kept busy, the machine's CPU, the wait for a
 // database connection), and checks that the provider made exactly one
 // charge per unique event. With -profile it saves heap profiles of serve.
+//
+// PostgreSQL is a cluster of the benchmark's own (pgcluster.go), so that
+// the WAL and the server's CPU between two samples are the scenario's:
+// each scenario also reports what it cost the database per event (WAL
+// bytes and records, full-page images, write transactions, PostgreSQL's
+// CPU), and at 0 ms where the WAL went, by record type and by relation
+// (dbcost.go). -replicas runs several serve processes in one group on one
+// database; -provider runs the fake provider in this process, as a process
+// of its own or as a Node.js stub; the provider's requests in flight are
+// sampled, to say where a provider-bound run's time goes (phases.go).
 //
 // Every scenario runs on each broker that -broker names, one after the
 // other: the embedded kfake broker (in this process, a fresh one per
@@ -25,7 +35,8 @@
 // once, an offset commit per message). A binary is given only the
 // variables it reads, so an earlier binary runs with its own defaults.
 // pgbench runs billing's per-event SQL too, as the database's own ceiling
-// for one transaction per event.
+// for one transaction per event, and the seed's own SQL (its schema), for
+// the WAL an event costs there.
 package main
 
 import (
