@@ -74,18 +74,12 @@ func describePhases(r result) string {
 	return s
 }
 
-// steadyEvents is a scenario's events/s without its start and its end: at
-// 0 ms the rate between 20 % and 80 % of the provider's requests answered;
-// with a latency, what the requests it held in flight at the limit would
-// carry (the answers come in waves, and a rate between two moments
-// depends on how many waves fall between them). Duplicates need no
-// request: the events are the requests scaled by produced/requests.
-func steadyEvents(r result) float64 {
-	perRequest := float64(r.produced) / math.Max(1, float64(r.requests))
-	if r.latency == 0 || math.IsNaN(r.phases.held) {
-		return r.phases.mid * perRequest
-	}
-	return r.phases.held / r.latency.Seconds() * perRequest
+// midEvents is a scenario's events/s without its start and its end: the
+// rate between 20 % and 80 % of the provider's requests answered, scaled
+// to events (duplicates need no request). At a latency the answers come in
+// waves, so it is good to about a wave in the twenty-odd between.
+func midEvents(r result) float64 {
+	return r.phases.mid * float64(r.produced) / math.Max(1, float64(r.requests))
 }
 
 // pgCoresOf is the cores PostgreSQL kept busy while the scenario ran: over
@@ -243,7 +237,7 @@ func printScaleOut(results []result) {
 			fmt.Println()
 			fmt.Println("Scale-out: replicas of serve in one consumer group, one database")
 			fmt.Println()
-			fmt.Printf("| broker | provider latency | replicas | events | events/s | × one replica | steady events/s | service cores, each | service CPU/event | PostgreSQL cores | PostgreSQL CPU/event | WAL bytes/event | WAL MB/s | the benchmark's process (kfake, provider, producer), cores | machine CPU busy (of %d cores) | provider requests in flight, mean (limit) | DB connection wait per event |\n", numCPU())
+			fmt.Printf("| broker | provider latency | replicas | events | events/s | × one replica | events/s from 20 to 80 %% of the requests | service cores, each | service CPU/event | PostgreSQL cores | PostgreSQL CPU/event | WAL bytes/event | WAL MB/s | the benchmark's process (kfake, provider, producer), cores | machine CPU busy (of %d cores) | provider requests in flight, mean (limit) | DB connection wait per event |\n", numCPU())
 			fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 			printed = true
 		}
@@ -254,9 +248,9 @@ func printScaleOut(results []result) {
 				pgCPU = ms(r.db.cpu) / float64(r.produced)
 				walB = perEvent(r, r.db.wal)
 			}
-			steady := steadyEvents(r)
+			mid := midEvents(r)
 			fmt.Printf("| %s | %d ms | %d | %d | %.0f | %.2f | %.0f | %s | %.3f ms | %.2f | %.3f ms | %.0f | %.2f | %.2f | %.0f%% | %.0f (%d) | %s |\n",
-				r.broker, r.latency.Milliseconds(), max(r.replicas, 1), r.produced, r.eventsPerS, r.eventsPerS/base, steady,
+				r.broker, r.latency.Milliseconds(), max(r.replicas, 1), r.produced, r.eventsPerS, r.eventsPerS/base, mid,
 				formatCores(r.replicaCores), ms(r.cpuPerEvent), r.pgCores, pgCPU, walB, walRate(r), r.benchCores, 100*r.machineBusy,
 				r.meanInFlight, r.maxConcurrency*max(r.replicas, 1), secs(r.poolWait))
 		}
