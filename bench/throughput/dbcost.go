@@ -114,7 +114,7 @@ func (w *dbWindow) flushedTo(ctx context.Context, at lsn) error {
 		if err != nil {
 			return err
 		}
-		if flushed >= at {
+		if flushed >= walRecordStart(at) {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -122,6 +122,32 @@ func (w *dbWindow) flushedTo(ctx context.Context, at lsn) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// WAL pages are 8 KiB and start with a header, 24 bytes, or 40 at the
+// start of a 16 MiB segment.
+const (
+	walPage       = 8192
+	walSegment    = 16 << 20
+	walPageHeader = 24
+	walLongHeader = 40
+)
+
+// walRecordStart is where the record at position at began to be written:
+// at itself, or, when at is right after a page's header (a record ended on
+// the page boundary, and the insert position moved past the next page's
+// header), the page's start. Nothing was written there yet, so the flush
+// position stays at the page's start and never reaches at.
+func walRecordStart(at lsn) lsn {
+	page := at - at%walPage
+	header := lsn(walPageHeader)
+	if page%walSegment == 0 {
+		header = walLongHeader
+	}
+	if at-page == header {
+		return page
+	}
+	return at
 }
 
 // end closes the window: the WAL and CPU since begin, the WAL by record

@@ -175,3 +175,19 @@ func TestMergeSnapshots(t *testing.T) {
 		t.Errorf("histogram %+v, want %+v", m, want)
 	}
 }
+
+func TestWALRecordStart(t *testing.T) {
+	for _, tc := range []struct {
+		at, want lsn
+	}{
+		{at: 0x60DE018, want: 0x60DE000}, // right after a page header
+		{at: 0x6000028, want: 0x6000000}, // right after a segment's long header
+		{at: 0x6000018, want: 0x6000018}, // 24 bytes into a segment is inside its long header
+		{at: 0x60DE020, want: 0x60DE020}, // a record ended past the header
+		{at: 0x60DE000, want: 0x60DE000},
+	} {
+		if got := walRecordStart(tc.at); got != tc.want {
+			t.Errorf("walRecordStart(%s) = %s, want %s", tc.at, got, tc.want)
+		}
+	}
+}
