@@ -209,7 +209,7 @@ func printByRelation(r result) {
 }
 
 // printScaleOut compares billing's scenarios by replica count at each
-// latency and broker.
+// latency and broker: the live ones, which only -replicas makes.
 func printScaleOut(results []result) {
 	type key struct {
 		broker  string
@@ -218,7 +218,7 @@ func printScaleOut(results []result) {
 	groups := map[key][]result{}
 	var keys []key
 	for _, r := range results {
-		if !strings.HasPrefix(r.name, "billing, ") && !strings.HasPrefix(r.name, "billing ×") {
+		if !r.live { // a scale-out comparison runs live, one replica too
 			continue
 		}
 		k := key{r.broker, r.latency}
