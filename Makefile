@@ -122,10 +122,13 @@ vuln: bin/govulncheck
 ## (0, 50, 200, 500, 1000 and 2000 ms) of billing, billing BENCH_BASELINE
 ## (3f706e0, built once from this repository's history into
 ## ~/.cache/billing/bench-binaries) and the seed design, PAYMENT_MAX_RPS=100,
-## and pgbench, on the embedded kfake broker and on a one-node Apache Kafka;
-## redraws bench/throughput/sweep.svg (ARGS="-broker kfake|apache|both
-## -nodes 1|3 -pgbench 0 -profile DIR"; default both brokers where Java and
-## Maven are installed)
+## and pgbench (billing's and the seed's per-event SQL), on the embedded
+## kfake broker and on a one-node Apache Kafka, against a PostgreSQL cluster
+## of its own (initdb'd in a temporary directory), with each scenario's WAL
+## and PostgreSQL CPU per event; redraws bench/throughput/sweep.svg
+## (ARGS="-broker kfake|apache|both -nodes 1|3 -pgbench 0 -profile DIR
+## -replicas 1,2,3 -provider inprocess|process|node -timeline DIR"; default
+## both brokers where Java and Maven are installed)
 BENCH_BASELINE ?= 3f706e0
 bench: build
 	$(GO) run ./bench/throughput -baseline $(BENCH_BASELINE) -svg bench/throughput/sweep.svg $(ARGS)

@@ -2,7 +2,7 @@
 //
 // For each scenario it pre-produces events (10% duplicates) into a topic
 // with 6 partitions, starts the real `billing serve` binary as a process of
-// its own against the local PostgreSQL and a fake provider with a given
+// its own against PostgreSQL and a fake provider with a given
 // latency, and measures the time until the group's committed offsets reach
 // the end offsets. It reports events/s, latency percentiles, the service's
 // own CPU per event, its peak RSS, the provider requests in flight (the
@@ -10,6 +10,16 @@
 // (the cores the service kept busy, the machine's CPU, the wait for a
 // database connection), and checks that the provider made exactly one
 // charge per unique event. With -profile it saves heap profiles of serve.
+//
+// PostgreSQL is a cluster of the benchmark's own (pgcluster.go), so that
+// the WAL and the server's CPU between two samples are the scenario's:
+// each scenario also reports what it cost the database per event (WAL
+// bytes and records, full-page images, write transactions, PostgreSQL's
+// CPU), and at 0 ms where the WAL went, by record type and by relation
+// (dbcost.go). -replicas runs several serve processes in one group on one
+// database; -provider runs the fake provider in this process, as a process
+// of its own or as a Node.js stub; the provider's requests in flight are
+// sampled, to say where a provider-bound run's time goes (phases.go).
 //
 // Every scenario runs on each broker that -broker names, one after the
 // other: the embedded kfake broker (in this process, a fresh one per
@@ -25,10 +35,13 @@
 // once, an offset commit per message). A binary is given only the
 // variables it reads, so an earlier binary runs with its own defaults.
 // pgbench runs billing's per-event SQL too, as the database's own ceiling
-// for one transaction per event.
+// for one transaction per event, and the seed's own SQL (its schema), for
+// the WAL an event costs there.
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -41,6 +54,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"example.com/billing/internal/redact"
 )
 
 type scenario struct {
@@ -57,6 +72,14 @@ type scenario struct {
 	// rateLimit, when > 0, makes the fake provider answer 429 beyond that
 	// many requests a second, as a provider's rate limit does.
 	rateLimit int
+	// replicas is how many serve processes share the consumer group (0
+	// and 1: one).
+	replicas int
+	// live: the replicas start first and the events are produced once
+	// they all hold a group session, instead of a backlog produced before
+	// serve starts; the window then measures the group at work, not its
+	// members joining one by one while the first drains the backlog.
+	live bool
 }
 
 type result struct {
@@ -89,9 +112,29 @@ type result struct {
 	// waited for a database connection, per event (NaN when the binary
 	// does not export it).
 	serviceCores, machineBusy, poolWait float64
-	load0, load1                        string    // 1-minute load average at the start and the end
-	memAtPeak                           memSample // near the highest resident set
-	complaints                          string    // serve's warnings and errors, summarised
+	// benchCores are the cores this process kept busy over the window:
+	// the fake provider in process, kfake, the producer of a live run,
+	// the sampling.
+	benchCores float64
+	// pgCores are the cores PostgreSQL kept busy over the same window
+	// (the database window is longer: db.cpu is per event over that).
+	pgCores      float64
+	load0, load1 string    // 1-minute load average at the start and the end
+	memAtPeak    memSample // near the highest resident set
+	complaints   string    // serve's warnings and errors, summarised
+	// With replicas: the time from the first replica's readiness to the
+	// last's, and the cores each kept busy.
+	allReady     time.Duration
+	replicaCores []float64
+	// produceTime, live: how long producing the events took, within the
+	// window.
+	produceTime time.Duration
+	// The provider's requests over the run (received, in flight), sampled,
+	// and the ramp, steady state and tail read from them.
+	samples []sample
+	phases  phases
+	// db is what the scenario cost PostgreSQL.
+	db dbCost
 }
 
 func main() {
@@ -108,7 +151,7 @@ func run() error {
 		partitions = flag.Int("partitions", 6, "partitions of the topic")
 		outcomeN   = flag.Int("outcome-partitions", 0, "partitions of the outcome topic (payments.settled); 0: as many as the topic")
 		binary     = flag.String("binary", "bin/billing", "the billing binary to run (make build)")
-		server     = flag.String("db", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL server (maintenance database URL)")
+		server     = flag.String("db", "", "PostgreSQL server (maintenance database URL) instead of the benchmark's own cluster (initdb'd in a temporary directory); no database cost is measured there, as its WAL and CPU are everyone's")
 		only       = flag.String("only", "", "run only scenarios whose name contains this")
 		extra      = flag.String("env", "", "extra serve environment for the billing scenarios, comma-separated K=V")
 		pgbenchT   = flag.Duration("pgbench", 15*time.Second, "pgbench duration (0 skips it)")
@@ -125,6 +168,9 @@ func run() error {
 		rps        = flag.Bool("rps", true, "also run billing with PAYMENT_MAX_RPS=100 against a provider limited to 100 requests/s")
 		profileDir = flag.String("profile", "", "save heap profiles of serve (inuse_space and alloc_space) in this directory: at the peak resident set (with a goroutine profile and the memory then), every -profile-every and at the end; perturbs what it measures a little: for finding where memory goes, not for the tables (finer samples: -env GODEBUG=memprofilerate=16384)")
 		profEvery  = flag.Duration("profile-every", 5*time.Second, "with -profile: how often to save a heap profile besides the peak's (0: only the peak's and the end's)")
+		pspKind    = flag.String("provider", providerInProcess, "how the fake provider runs: inprocess (fakepsp in this process), process (billing fakepsp, a process of its own) or node (a Node.js stub, node-psp.mjs)")
+		timeline   = flag.String("timeline", "", "write each scenario's provider requests over time (seconds since the window started, received, in flight; every 50 ms) as CSV files in this directory")
+		replicaArg = flag.String("replicas", "1", "serve processes in one consumer group, comma-separated counts: billing's scenarios run with each (events × replicas); the seed design and the baseline with one")
 	)
 	flag.Parse()
 
@@ -141,6 +187,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	replicaCounts, err := parseCounts(*replicaArg)
+	if err != nil {
+		return fmt.Errorf("-replicas: %w", err)
+	}
+	// A scale-out comparison runs billing live (see scenario.live), one
+	// replica too, so that its rows compare like with like.
+	scaleOut := len(replicaCounts) > 1 || replicaCounts[0] > 1
 	// Event counts per design: billing takes the full count; the earlier
 	// binary held a transaction per event across the provider call (about
 	// 100 open at once, so ~100/latency events/s); the seed design handles
@@ -172,8 +225,19 @@ func run() error {
 		latencies, *rps = nil, false
 	}
 	for _, l := range latencies {
-		for _, d := range designs {
-			scenarios = append(scenarios, scenario{name: scenarioName(d.label, l), binary: d.binary, latency: l, events: d.events(l), env: d.env})
+		for i, d := range designs {
+			counts := replicaCounts
+			if i > 0 {
+				counts = []int{1} // the baseline and the seed design: one process
+			}
+			for _, n := range counts {
+				name := scenarioName(d.label, l)
+				if n > 1 {
+					name = scenarioName(fmt.Sprintf("%s ×%d", d.label, n), l)
+				}
+				scenarios = append(scenarios, scenario{name: name, binary: d.binary, latency: l, events: d.events(l) * n, env: d.env, replicas: n,
+					live: i == 0 && scaleOut})
+			}
 		}
 	}
 	if *rps {
@@ -191,9 +255,24 @@ func run() error {
 	if *outcomeN <= 0 {
 		*outcomeN = *partitions
 	}
-	opts := runOptions{server: *server, partitions: int32(*partitions), outcomePartitions: int32(*outcomeN), profileDir: *profileDir, profileEvery: *profEvery, providerHTTP2: *http2}
+	opts := runOptions{server: *server, partitions: int32(*partitions), outcomePartitions: int32(*outcomeN), profileDir: *profileDir, profileEvery: *profEvery,
+		providerHTTP2: *http2, provider: *pspKind, fakepspBinary: *binary}
+	if *pspKind != providerInProcess && *http2 {
+		return errors.New("-provider-http2 needs -provider inprocess")
+	}
 
 	fmt.Printf("machine: %d CPUs, %s; %s; load average %s\n", numCPU(), memTotal(), goVersion(), loadAverage())
+	if opts.server == "" {
+		pg, err := startPGCluster(context.Background())
+		if err != nil {
+			return fmt.Errorf("the benchmark's PostgreSQL cluster: %w", err)
+		}
+		defer pg.close()
+		opts.pg, opts.server = pg, pg.url("postgres")
+		fmt.Printf("PostgreSQL: the benchmark's own cluster on 127.0.0.1:%d (%s), %s\n", pg.port, pg.dir, strings.Join(pgSettings[2:], " "))
+	} else {
+		fmt.Printf("PostgreSQL: %s, shared: no database cost measured\n", redact.DSN(opts.server))
+	}
 	brokers := make([]*broker, 0, len(kinds))
 	for _, kind := range kinds {
 		b, err := startBroker(kind, *nodes)
@@ -214,10 +293,29 @@ func run() error {
 			if err != nil {
 				return fmt.Errorf("%s on %s: %w", sc.name, b.name, err)
 			}
-			fmt.Printf("    %.0f events/s in %s, CPU %.3f ms/event (%.2f cores; machine %.0f%% busy, load %s→%s), peak RSS %.1f MiB (anonymous %.1f), provider requests in flight: most %d, mean %.0f\n",
-				r.eventsPerS, r.elapsed.Round(time.Millisecond), ms(r.cpuPerEvent), r.serviceCores, 100*r.machineBusy, r.load0, r.load1,
+			fmt.Printf("    %.0f events/s in %s, CPU %.3f ms/event (%.2f cores; PostgreSQL %.2f; the benchmark's process %.2f; machine %.0f%% busy, load %s→%s), peak RSS %.1f MiB (anonymous %.1f), provider requests in flight: most %d, mean %.0f\n",
+				r.eventsPerS, r.elapsed.Round(time.Millisecond), ms(r.cpuPerEvent), r.serviceCores, r.pgCores, r.benchCores, 100*r.machineBusy, r.load0, r.load1,
 				float64(r.peakRSS)/(1<<20), float64(r.peakAnon)/(1<<20), r.maxInFlight, r.meanInFlight)
 			fmt.Print(indent(describe(r.memAtPeak), "    "))
+			if r.live {
+				fmt.Printf("    live: %d replica(s) held the group steadily before the events were produced (in %s, within the window); cores each: %s\n",
+					len(r.replicaCores), r.produceTime.Round(time.Millisecond), formatCores(r.replicaCores))
+			} else if len(r.replicaCores) > 1 {
+				fmt.Printf("    %d replicas, all ready %s after the first; cores each: %s\n", len(r.replicaCores), r.allReady.Round(time.Millisecond), formatCores(r.replicaCores))
+			}
+			if r.db.measured {
+				fmt.Printf("    database: %s\n", describeDB(r))
+			}
+			if r.latency > 0 {
+				fmt.Printf("    provider: %s\n", describePhases(r))
+			}
+			if *timeline != "" {
+				path, err := writeTimeline(*timeline, slug(sc.name+" "+b.name), r.samples)
+				if err != nil {
+					return fmt.Errorf("-timeline: %w", err)
+				}
+				fmt.Printf("    timeline: %s\n", path)
+			}
 			if r.complaints != "" {
 				fmt.Printf("    serve logged %s\n", r.complaints)
 			}
@@ -225,13 +323,17 @@ func run() error {
 		}
 	}
 	var pgTPS float64
+	var sqlResults []result
 	if *pgbenchT > 0 {
 		var err error
-		if pgTPS, err = runPgbench(*server, *pgbenchT); err != nil {
+		if sqlResults, err = runPgbench(opts.server, opts.pg, *pgbenchT); err != nil {
 			return fmt.Errorf("pgbench: %w", err)
 		}
+		pgTPS = sqlResults[0].eventsPerS
 	}
 	printTable(results, pgTPS)
+	printDBCost(append(slices.Clip(results), sqlResults...))
+	printScaleOut(results)
 	for _, b := range brokers {
 		if len(latencies) > 0 {
 			printSweep(designs, latencies, results, b.name)

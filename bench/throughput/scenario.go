@@ -6,31 +6,27 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"maps"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/pgtest"
+	"example.com/billing/internal/postgres"
 )
 
 // runOptions are what every scenario of a run shares.
@@ -46,16 +42,35 @@ type runOptions struct {
 	// providerHTTP2: the provider speaks HTTP/2 over TLS, as the large
 	// payment providers' APIs do, instead of HTTP/1.1 in the clear.
 	providerHTTP2 bool
+	// provider is how the fake provider runs (-provider), fakepspBinary
+	// the billing binary whose `fakepsp` runs it as a process.
+	provider      string
+	fakepspBinary string
+	// pg is the benchmark's own PostgreSQL cluster, whose WAL and CPU are
+	// the scenarios' alone; nil on a server given with -db (no database
+	// cost is measured there).
+	pg *pgCluster
+}
+
+// replica is one running serve process.
+type replica struct {
+	cmd  *exec.Cmd
+	addr string // HTTP_ADDR
+	logs *os.File
+	cpu0 time.Duration
 }
 
 func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
+	ctx := context.Background()
 	binary := sc.binary
 	res := result{scenario: sc, broker: b.name}
+	replicas := max(sc.replicas, 1)
 	known, err := knownVars(binary)
 	if err != nil {
 		return res, err
 	}
-	dsn, drop, err := freshDatabase(opts.server, "billing_bench")
+	const dbName = "billing_bench"
+	dsn, drop, err := freshDatabase(opts.server, dbName)
 	if err != nil {
 		return res, err
 	}
@@ -66,36 +81,20 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 		return res, err
 	}
 	defer cleanup()
-	psp := fakepsp.New(fakepsp.Options{Latency: sc.latency, RateLimit: sc.rateLimit, Seed: 1})
-	counted := &inFlight{next: psp}
-	pspSrv := httptest.NewUnstartedServer(counted)
-	var trust []string
-	if opts.providerHTTP2 {
-		pspSrv.EnableHTTP2 = true
-		pspSrv.StartTLS()
-		// serve trusts the test server's certificate as Go does a
-		// system's: SSL_CERT_FILE.
-		ca := filepath.Join(os.TempDir(), fmt.Sprintf("bench-provider-%d.pem", os.Getpid()))
-		if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pspSrv.Certificate().Raw}), 0o644); err != nil {
-			return res, err
-		}
-		defer os.Remove(ca)
-		trust = append(trust, "SSL_CERT_FILE="+ca)
-	} else {
-		pspSrv.Start()
+	psp, err := startProvider(opts.provider, sc, opts)
+	if err != nil {
+		return res, err
 	}
-	defer pspSrv.Close()
+	defer psp.close()
 
-	addr := freeAddr()
 	set := []string{"KAFKA_BROKERS=" + strings.Join(addrs, ","), "KAFKA_TOPIC=" + names.topic, "KAFKA_DLQ_TOPIC=" + names.dlq,
 		"KAFKA_OUTCOME_TOPIC=" + names.outcome, "KAFKA_GROUP_ID=" + names.group,
-		"DATABASE_URL=" + dsn, "PAYMENT_BASE_URL=" + pspSrv.URL, "HTTP_ADDR=" + addr, "LOG_LEVEL=warn"}
-	set = append(set, trust...)
+		"DATABASE_URL=" + dsn, "PAYMENT_BASE_URL=" + psp.url, "LOG_LEVEL=warn"}
+	set = append(set, psp.trust...)
 	var pprofAddr string
 	if opts.profileDir != "" {
 		if known["DEBUG_PPROF_ADDR"] {
 			pprofAddr = freeAddr()
-			set = append(set, "DEBUG_PPROF_ADDR="+pprofAddr)
 		} else {
 			fmt.Printf("    no heap profiles: %s does not read DEBUG_PPROF_ADDR\n", binary)
 		}
@@ -114,81 +113,103 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 		return res, fmt.Errorf("migrate: %w\n%s", err, out)
 	}
 
-	// Pre-produce the backlog.
 	kcfg := config.Kafka{Brokers: addrs, ClientID: "bench", Version: "3.6.0"}
-	pcfg, err := kafka.ProducerConfig(kcfg)
-	if err != nil {
-		return res, err
-	}
-	// A large-message backlog is not a loadgen mix: each value is a JSON
-	// object of sc.valueBytes that is not an event (parked, not charged).
-	wantCharges := int64(0)
-	if sc.valueBytes > 0 {
-		pcfg.Producer.Compression = sc.compression
-		if res.produced, err = produceLarge(kcfg, pcfg, names.topic, sc.events, sc.valueBytes); err != nil {
-			return res, err
-		}
-	} else {
-		producer, err := sarama.NewAsyncProducer(kcfg.Brokers, pcfg)
-		if err != nil {
-			return res, err
-		}
-		gen, err := loadgen.New(loadgen.Options{Count: sc.events, Duplicates: 0.1, Seed: 1})
-		if err != nil {
-			return res, err
-		}
-		pub, err := loadgen.Publish(context.Background(), producer, gen, loadgen.PublishOptions{Topic: names.topic})
-		producer.Close()
-		if err != nil {
-			return res, err
-		}
-		res.produced = pub.Produced
-		wantCharges = int64(gen.Expected().Unique)
-	}
 	client, err := sarama.NewClient(kcfg.Brokers, sarama.NewConfig())
 	if err != nil {
 		return res, err
 	}
 	defer client.Close()
-	end, err := kafka.EndOffsets(client, names.topic)
-	if err != nil {
-		return res, err
+	var end map[int32]int64
+	var wantCharges int64
+	produce := func() error {
+		var err error
+		if res.produced, wantCharges, err = produceBacklog(ctx, sc, kcfg, names.topic); err != nil {
+			return err
+		}
+		end, err = kafka.EndOffsets(client, names.topic)
+		return err
+	}
+	if !sc.live {
+		if err := produce(); err != nil {
+			return res, err
+		}
 	}
 
-	// Start the service and wait until it holds a group session.
-	cmd := exec.Command(binary, "serve")
-	cmd.Env = env
-	logs, err := os.CreateTemp("", "billing-bench-*.log")
+	// The database window opens before serve starts: its first writes are
+	// the events' too.
+	dbw, err := beginDB(ctx, opts.pg)
 	if err != nil {
 		return res, err
 	}
-	defer logs.Close()
-	cmd.Stderr, cmd.Stdout = logs, logs
-	if err := cmd.Start(); err != nil {
-		return res, err
-	}
+	// Start the replicas, one group.
+	reps := make([]*replica, replicas)
 	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
+		for _, r := range reps {
+			if r != nil {
+				_ = r.cmd.Process.Signal(syscall.SIGTERM)
+			}
+		}
+		for _, r := range reps {
+			if r != nil {
+				_ = r.cmd.Wait()
+				r.logs.Close()
+			}
+		}
 	}()
-	if err := waitReady(addr, 30*time.Second); err != nil {
-		return res, fmt.Errorf("%w (logs in %s)", err, logs.Name())
+	for i := range reps {
+		r := &replica{addr: freeAddr()}
+		renv := append(slices.Clone(env), "HTTP_ADDR="+r.addr)
+		if i == 0 && pprofAddr != "" {
+			renv = append(renv, "DEBUG_PPROF_ADDR="+pprofAddr)
+		}
+		if r.logs, err = os.CreateTemp("", "billing-bench-*.log"); err != nil {
+			return res, err
+		}
+		r.cmd = exec.Command(binary, "serve")
+		r.cmd.Env = renv
+		r.cmd.Stderr, r.cmd.Stdout = r.logs, r.logs
+		if err := r.cmd.Start(); err != nil {
+			r.logs.Close()
+			return res, err
+		}
+		reps[i] = r
 	}
-	start := time.Now()
-	res.load0 = loadAverage()
-	cpu0, err := cpuTime(cmd.Process.Pid)
-	if err != nil {
-		return res, err
+
+	// The throughput window: on a backlog, from the moment the first
+	// replica holds a group session (the others join meanwhile, as a
+	// deployment scaled from zero does); live, from the moment every
+	// replica holds one, steadily, and the events start to arrive.
+	var start time.Time
+	var samples *sampler
+	var watch *watcher
+	var broker0, self0, pg0 time.Duration
+	var machine0 cpuSample
+	begin := func() error {
+		start = time.Now()
+		res.load0 = loadAverage()
+		for _, r := range reps {
+			if r.cpu0, err = cpuTime(r.cmd.Process.Pid); err != nil {
+				return err
+			}
+		}
+		if broker0, err = b.cpu(); err != nil {
+			return err
+		}
+		if self0, err = cpuTime(os.Getpid()); err != nil {
+			return err
+		}
+		if opts.pg != nil {
+			if pg0, err = serverCPU(opts.pg.postmaster()); err != nil {
+				return err
+			}
+		}
+		if machine0, err = machineCPU(); err != nil {
+			return err
+		}
+		samples = startSampler(psp, start)
+		watch = startWatcher(reps[0].cmd.Process.Pid, reps[0].addr, pprofAddr, opts.profileDir, slug(sc.name+" "+b.name), opts.profileEvery)
+		return nil
 	}
-	broker0, err := b.cpu()
-	if err != nil {
-		return res, err
-	}
-	machine0, err := machineCPU()
-	if err != nil {
-		return res, err
-	}
-	watch := startWatcher(cmd.Process.Pid, addr, pprofAddr, opts.profileDir, slug(sc.name+" "+b.name), opts.profileEvery)
 	finishWatch := func() {
 		if watch == nil {
 			return
@@ -204,6 +225,31 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 		}
 	}
 	defer finishWatch()
+	if sc.live {
+		if err := waitGroupSteady(reps, client, names.group, names.topic, 2*time.Minute); err != nil {
+			return res, err
+		}
+		if err := begin(); err != nil {
+			return res, err
+		}
+		produced := time.Now()
+		if err := produce(); err != nil {
+			return res, err
+		}
+		res.produceTime = time.Since(produced)
+	} else {
+		first := true
+		if err := waitReplicas(reps, 30*time.Second, func() error {
+			if !first {
+				return nil
+			}
+			first = false
+			return begin()
+		}); err != nil {
+			return res, err
+		}
+		res.allReady = time.Since(start)
+	}
 
 	for {
 		done, err := caughtUp(client, names, end)
@@ -214,18 +260,36 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 			break
 		}
 		if time.Since(start) > 15*time.Minute {
-			return res, fmt.Errorf("did not catch up within 15 minutes (logs in %s)", logs.Name())
+			return res, fmt.Errorf("did not catch up within 15 minutes (logs in %s)", reps[0].logs.Name())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	res.elapsed = time.Since(start)
-	cpu1, err := cpuTime(cmd.Process.Pid)
-	if err != nil {
-		return res, err
+	var cpu time.Duration
+	for _, r := range reps {
+		cpu1, err := cpuTime(r.cmd.Process.Pid)
+		if err != nil {
+			return res, err
+		}
+		cpu += cpu1 - r.cpu0
+		res.replicaCores = append(res.replicaCores, (cpu1-r.cpu0).Seconds()/res.elapsed.Seconds())
 	}
 	broker1, err := b.cpu()
 	if err != nil {
 		return res, err
+	}
+	self1, err := cpuTime(os.Getpid())
+	if err != nil {
+		return res, err
+	}
+	res.benchCores = (self1 - self0).Seconds() / res.elapsed.Seconds()
+	res.pgCores = math.NaN()
+	if opts.pg != nil {
+		pg1, err := serverCPU(opts.pg.postmaster())
+		if err != nil {
+			return res, err
+		}
+		res.pgCores = (pg1 - pg0).Seconds() / res.elapsed.Seconds()
 	}
 	machine1, err := machineCPU()
 	if err != nil {
@@ -233,18 +297,29 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 	}
 	res.load1 = loadAverage()
 	finishWatch()
+	res.samples = samples.finish()
+	res.phases = splitPhases(res.samples, int64(res.maxConcurrency*replicas))
 	res.brokerCPU = time.Duration(float64(broker1-broker0) / float64(res.produced))
 	res.eventsPerS = float64(res.produced) / res.elapsed.Seconds()
-	res.cpuPerEvent = time.Duration(float64(cpu1-cpu0) / float64(res.produced))
-	res.serviceCores = (cpu1 - cpu0).Seconds() / res.elapsed.Seconds()
+	res.cpuPerEvent = time.Duration(float64(cpu) / float64(res.produced))
+	res.serviceCores = cpu.Seconds() / res.elapsed.Seconds()
 	res.machineBusy = machine1.busySince(machine0)
-	if res.peakRSS, err = peakRSS(cmd.Process.Pid); err != nil {
-		return res, err
+	for _, r := range reps {
+		rss, err := peakRSS(r.cmd.Process.Pid)
+		if err != nil {
+			return res, err
+		}
+		res.peakRSS = max(res.peakRSS, rss)
 	}
-	families, err := scrape(addr)
-	if err != nil {
-		return res, err
+	var snaps []metrics.Snapshot
+	for _, r := range reps {
+		s, err := scrape(r.addr)
+		if err != nil {
+			return res, err
+		}
+		snaps = append(snaps, s)
 	}
+	families := mergeSnapshots(snaps)
 	res.p50 = families.Histograms["billing_event_latency_seconds"].Quantile(0.5)
 	res.p99 = families.Histograms["billing_event_latency_seconds"].Quantile(0.99)
 	res.proc50 = families.Histograms["billing_event_processing_seconds"].Quantile(0.5)
@@ -254,43 +329,211 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 	if w, ok := families.Values[`go_sql_wait_duration_seconds_total{db_name="billing"}`]; ok {
 		res.poolWait = w / float64(res.produced)
 	}
-	res.maxInFlight = counted.max.Load()
-	res.meanInFlight = float64(counted.busy.Load()) / float64(res.elapsed)
-	st := psp.Stats()
+	st, err := psp.stats()
+	if err != nil {
+		return res, err
+	}
+	if psp.counted != nil {
+		res.maxInFlight = psp.counted.max.Load()
+		res.meanInFlight = float64(psp.counted.busy.Load()) / float64(res.elapsed)
+	} else {
+		for _, s := range res.samples {
+			res.maxInFlight = max(res.maxInFlight, s.inFlight)
+		}
+		res.meanInFlight = res.phases.meanBusy * (res.phases.lastAnswer - res.phases.first).Seconds() / res.elapsed.Seconds()
+	}
 	res.doubleOrder = st.OrdersChargedTwice
 	res.requests, res.peakPerSecond, res.rateLimited = st.Requests, st.PeakPerSecond, st.RateLimited
-	res.complaints = complaints(logs.Name())
+	for _, r := range reps {
+		if c := complaints(r.logs.Name()); c != "" {
+			res.complaints = strings.TrimPrefix(res.complaints+"; "+c, "; ")
+		}
+	}
+
+	// The relay publishes the last outcomes after the offsets: its writes
+	// (the rows marked published) are the events' too.
+	if dbw != nil {
+		if err := waitOutboxRelayed(ctx, dsn, 30*time.Second); err != nil {
+			fmt.Printf("    %v: the database window ends without it\n", err)
+		}
+		detail := sc.latency == 0 && sc.valueBytes == 0
+		if res.db, err = dbw.end(ctx, dbName, detail); err != nil {
+			return res, fmt.Errorf("database cost: %w", err)
+		}
+	}
 	if st.ChargesCreated != wantCharges || st.OrdersChargedTwice != 0 {
 		return res, fmt.Errorf("provider created %d charges for %d unique events, %d orders charged twice (logs in %s)",
-			st.ChargesCreated, wantCharges, st.OrdersChargedTwice, logs.Name())
+			st.ChargesCreated, wantCharges, st.OrdersChargedTwice, reps[0].logs.Name())
 	}
-	os.Remove(logs.Name()) // kept when the scenario failed
+	for _, r := range reps {
+		os.Remove(r.logs.Name()) // kept when the scenario failed
+	}
 	return res, nil
 }
 
-// inFlight counts the provider requests (POST /v1/charges) being answered:
-// the most at once, and their summed duration, which divided by the
-// measured time is the mean number in flight.
-type inFlight struct {
-	next     http.Handler
-	now, max atomic.Int64
-	busy     atomic.Int64 // nanoseconds
+// waitReplicas waits until every replica's /readyz answered 200 once,
+// calling ready each time one does.
+func waitReplicas(reps []*replica, timeout time.Duration, ready func() error) error {
+	deadline := time.Now().Add(timeout)
+	done := make([]bool, len(reps))
+	for left := len(reps); left > 0; {
+		for i, r := range reps {
+			if done[i] || !isReady(r) {
+				continue
+			}
+			done[i] = true
+			left--
+			if err := ready(); err != nil {
+				return err
+			}
+		}
+		if left > 0 && time.Now().After(deadline) {
+			return fmt.Errorf("serve not ready (logs in %s)", reps[0].logs.Name())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
 }
 
-func (f *inFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.URL.Path != "/v1/charges" {
-		f.next.ServeHTTP(w, r)
-		return
+// waitGroupSteady waits until every replica holds a group session and the
+// group has assigned every partition of topic among all of them, and it
+// stayed so for groupSteadyFor. Readiness alone does not say it: under the
+// cooperative protocol a member that joins holds a session, with nothing
+// assigned, until the others learn of the rebalance at their next
+// heartbeat and give partitions up in a second round.
+func waitGroupSteady(reps []*replica, client sarama.Client, group, topic string, timeout time.Duration) error {
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return err
 	}
-	n := f.now.Add(1)
-	for m := f.max.Load(); n > m && !f.max.CompareAndSwap(m, n); m = f.max.Load() {
+	// Not admin.Close: it would close the shared client.
+	partitions, err := client.Partitions(topic)
+	if err != nil {
+		return err
 	}
-	started := time.Now()
-	defer func() {
-		f.busy.Add(int64(time.Since(started)))
-		f.now.Add(-1)
-	}()
-	f.next.ServeHTTP(w, r)
+	deadline := time.Now().Add(timeout)
+	var since time.Time
+	last := "no description"
+	for {
+		steady := true
+		for _, r := range reps {
+			steady = steady && isReady(r)
+		}
+		if steady {
+			var why string
+			steady, why = groupAssigned(admin, group, topic, len(reps), len(partitions))
+			last = why
+		}
+		switch {
+		case !steady:
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= groupSteadyFor:
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the %d replicas did not share the group's partitions steadily within %s (%s; logs in %s)", len(reps), timeout, last, reps[0].logs.Name())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// groupSteadyFor is how long the assignment must hold: a heartbeat
+// interval (3 s), after which every member has heard of any rebalance.
+const groupSteadyFor = 3500 * time.Millisecond
+
+// groupAssigned reports whether group is stable with members members that
+// each hold at least one partition of topic, all of its partitions
+// assigned, and why not.
+func groupAssigned(admin sarama.ClusterAdmin, group, topic string, members, partitions int) (bool, string) {
+	descs, err := admin.DescribeConsumerGroups([]string{group})
+	if err != nil || len(descs) != 1 {
+		return false, fmt.Sprintf("describe group: %v", err)
+	}
+	d := descs[0]
+	if d.State != "Stable" || len(d.Members) != members {
+		return false, fmt.Sprintf("group %s with %d members", d.State, len(d.Members))
+	}
+	assigned := 0
+	for id, m := range d.Members {
+		a, err := m.GetMemberAssignment()
+		if err != nil || a == nil || len(a.Topics[topic]) == 0 {
+			return false, fmt.Sprintf("member %s holds nothing yet", id)
+		}
+		assigned += len(a.Topics[topic])
+	}
+	if assigned != partitions {
+		return false, fmt.Sprintf("%d of %d partitions assigned", assigned, partitions)
+	}
+	return true, ""
+}
+
+func isReady(r *replica) bool {
+	resp, err := http.Get("http://" + r.addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// produceBacklog publishes the scenario's events to topic: loadgen's mix
+// (10 % duplicates) and the charges it should make, or, for a backlog of
+// large values, JSON objects that are not events (parked, not charged).
+func produceBacklog(ctx context.Context, sc scenario, kcfg config.Kafka, topic string) (produced int, wantCharges int64, err error) {
+	pcfg, err := kafka.ProducerConfig(kcfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	if sc.valueBytes > 0 {
+		pcfg.Producer.Compression = sc.compression
+		produced, err = produceLarge(kcfg, pcfg, topic, sc.events, sc.valueBytes)
+		return produced, 0, err
+	}
+	producer, err := sarama.NewAsyncProducer(kcfg.Brokers, pcfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	gen, err := loadgen.New(loadgen.Options{Count: sc.events, Duplicates: 0.1, Seed: 1})
+	if err != nil {
+		producer.Close()
+		return 0, 0, err
+	}
+	pub, err := loadgen.Publish(ctx, producer, gen, loadgen.PublishOptions{Topic: topic})
+	producer.Close()
+	if err != nil {
+		return 0, 0, err
+	}
+	return pub.Produced, int64(gen.Expected().Unique), nil
+}
+
+// waitOutboxRelayed waits until the outbox of the database at dsn holds
+// nothing left to publish (a binary without an outbox has none).
+func waitOutboxRelayed(ctx context.Context, dsn string, timeout time.Duration) error {
+	db, err := postgres.Open(dsn, 1)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var has bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass('outbox') IS NOT NULL`).Scan(&has); err != nil || !has {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var left int64
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL AND NOT dead`).Scan(&left); err != nil {
+			return fmt.Errorf("outbox: %w", err)
+		}
+		if left == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d outbox rows still unpublished after %s", left, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // complaints summarises serve's warnings and errors (LOG_LEVEL=warn logs
@@ -398,36 +641,8 @@ func freshDatabase(server, name string) (string, func(), error) {
 	return dsn, func() { _ = pgtest.Drop(ctx, server, name) }, nil
 }
 
-func waitReady(addr string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get("http://" + addr + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return errors.New("serve not ready")
-}
-
 func scrape(addr string) (metrics.Snapshot, error) {
 	return metrics.Scrape(context.Background(), "http://"+addr+"/metrics")
-}
-
-// cpuTime is the user+system CPU time of process pid so far.
-func cpuTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command name, which may contain spaces.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	const ticks = 100 // USER_HZ on Linux
-	return time.Duration(utime+stime) * time.Second / ticks, nil
 }
 
 // peakRSS is the process's high-water resident set size.

@@ -134,6 +134,27 @@ func printSweep(designs []design, latencies []time.Duration, results []result, b
 	table("waiting for a database connection, per event (machine CPU busy)", func(r result) string {
 		return fmt.Sprintf("%s (%.0f%%)", secs(r.poolWait), 100*r.machineBusy)
 	})
+	if !slices.ContainsFunc(results, func(r result) bool { return r.broker == brokerName && r.db.measured }) {
+		return
+	}
+	table("WAL per event, bytes (of which full-page images)", func(r result) string {
+		if !r.db.measured {
+			return "–"
+		}
+		return fmt.Sprintf("%.0f (%.0f)", perEvent(r, r.db.wal), perEvent(r, r.db.fpiBytes))
+	})
+	table("PostgreSQL's CPU per event (and cores it kept busy)", func(r result) string {
+		if !r.db.measured {
+			return "–"
+		}
+		return fmt.Sprintf("%.3f ms (%.2f)", ms(r.db.cpu)/float64(r.produced), r.pgCores)
+	})
+	table("provider requests in flight at the limit, mean share (from when they first reach it to the last time)", func(r result) string {
+		if math.IsNaN(r.phases.held) {
+			return "–"
+		}
+		return fmt.Sprintf("%.1f%%", 100*r.phases.held/float64(r.maxConcurrency*max(r.replicas, 1)))
+	})
 }
 
 // writeSweepSVG draws events/s (log scale) against provider latency, one
