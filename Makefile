@@ -44,14 +44,14 @@ test:
 	cd deploy/check && $(GO) test -count=1 ./...
 
 ## test-kfake: the tests that talk to a broker, on the embedded kfake broker
-KAFKA_PACKAGES := ./cmd/... ./internal/kafka/... ./internal/kafkatest/... ./internal/loadgen/...
+KAFKA_PACKAGES := ./cmd/... ./internal/kafka/... ./internal/testenv/kafkatest/... ./internal/dev/loadgen/...
 test-kfake:
 	KAFKA_TEST_BROKER=kfake $(WITHPG) $(GO) test -race -count=1 -timeout 20m $(KAFKA_PACKAGES)
 
 ## kafka: resolve the pinned Apache Kafka (test/kafka/pom.xml) into the cache
 ## the tests use (~/.cache/billing/kafka-<version>); they do it on first use
 kafka:
-	$(GO) run ./internal/apachekafka/cmd/kafkajars
+	$(GO) run ./internal/testenv/apachekafka/cmd/kafkajars
 
 ## chaos: the fault-injection suite (docs/testing.md): real serve processes, a
 ## throwaway PostgreSQL cluster, fakepsp, and a three-broker Apache Kafka

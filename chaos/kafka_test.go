@@ -14,10 +14,10 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/apachekafka"
-	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/dev/embeddedkafka"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/testenv/apachekafka"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // The brokers the suite runs on, chosen by CHAOS_BROKER.
@@ -81,7 +81,7 @@ func startApache(dir string) (*apachekafka.Cluster, error) {
 // shared cluster is healthy again, topics and a group of the scenario's own.
 func (r *run) setUpKafka() error {
 	if suite.kafka == nil {
-		b, err := devkafka.Start(devkafka.Options{Topics: []string{kafkatest.Topic, kafkatest.DLQTopic, kafkatest.OutcomeTopic}, Partitions: partitions})
+		b, err := embeddedkafka.Start(embeddedkafka.Options{Topics: []string{kafkatest.Topic, kafkatest.DLQTopic, kafkatest.OutcomeTopic}, Partitions: partitions})
 		if err != nil {
 			return err
 		}

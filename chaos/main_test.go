@@ -28,8 +28,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"example.com/billing/internal/apachekafka"
-	"example.com/billing/internal/testpki"
+	"example.com/billing/internal/testenv/apachekafka"
+	"example.com/billing/internal/testenv/testpki"
 )
 
 var (

@@ -10,7 +10,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/dev/loadgen"
 )
 
 // oversizeBytes is the size of each oversized value: larger than any

@@ -15,8 +15,8 @@ import (
 	"github.com/gofrs/uuid/v5"
 	"github.com/lib/pq"
 
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/postgres"
 )
 

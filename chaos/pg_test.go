@@ -15,9 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"example.com/billing/internal/dev/freeport"
 	"example.com/billing/internal/dev/pgserver"
-	"example.com/billing/internal/freeport"
-	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 )
 
@@ -296,6 +295,6 @@ func (c *pgCluster) close() {
 func (c *pgCluster) createDatabase(name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := pgtest.Recreate(ctx, c.URL("postgres"), name)
+	_, err := pgserver.Recreate(ctx, c.URL("postgres"), name)
 	return err
 }

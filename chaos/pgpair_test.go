@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"example.com/billing/internal/pgtest"
+	"example.com/billing/internal/dev/pgserver"
 	"example.com/billing/internal/postgres"
 )
 
@@ -89,7 +89,7 @@ func (p *pgPair) URL(name string) string {
 func (p *pgPair) createDatabase(name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := pgtest.Recreate(ctx, p.URL("postgres"), name)
+	_, err := pgserver.Recreate(ctx, p.URL("postgres"), name)
 	return err
 }
 

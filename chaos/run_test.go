@@ -19,10 +19,10 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/devkafka"
-	"example.com/billing/internal/freeport"
+	"example.com/billing/internal/dev/embeddedkafka"
+	"example.com/billing/internal/dev/freeport"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/postgres"
 )
 
@@ -120,7 +120,7 @@ type run struct {
 	// Kafka (whose cluster is suite.kafka).
 	brokers                              string
 	topic, dlqTopic, outcomeTopic, group string
-	embedded                             *devkafka.Broker
+	embedded                             *embeddedkafka.Broker
 
 	mu         sync.Mutex
 	consumers  map[int]*consumer // running, by slot
@@ -696,7 +696,7 @@ func (r *run) checkReadyz(want int, within time.Duration) {
 func (r *run) readTopic(topic string) ([]*sarama.ConsumerMessage, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	return devkafka.ReadTopic(ctx, r.client, topic)
+	return embeddedkafka.ReadTopic(ctx, r.client, topic)
 }
 
 // runScenario runs sc: the stream with its faults, the wait for the group,

@@ -32,11 +32,11 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/lib/pq"
 
-	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafkaacl"
-	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/testenv/apachekafka"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // The run's PostgreSQL login roles.

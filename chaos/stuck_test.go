@@ -8,7 +8,7 @@ import (
 
 	"github.com/lib/pq"
 
-	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/postgres"
 )
 

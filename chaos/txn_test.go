@@ -16,12 +16,12 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/dev/embeddedkafka"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/testenv/apachekafka"
 )
 
 // An order service that publishes orders.confirmed in Kafka transactions
@@ -297,7 +297,7 @@ func (s *stream) visible(ctx context.Context, reader sarama.Client, batch []*sen
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	msgs, err := devkafka.ReadPartition(ctx, reader, s.topic, m.partition, m.offset, m.offset+1)
+	msgs, err := embeddedkafka.ReadPartition(ctx, reader, s.topic, m.partition, m.offset, m.offset+1)
 	if err != nil {
 		return false, err
 	}

@@ -14,11 +14,11 @@ import (
 	"strings"
 
 	"example.com/billing/internal/charge"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // result is what verify measured.

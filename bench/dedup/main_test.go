@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // TestMain stops the PostgreSQL server the tests started, if none answered

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"example.com/billing/internal/dedup"
-	"example.com/billing/internal/pgtest"
+	"example.com/billing/internal/dev/pgserver"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
 	"github.com/jmoiron/sqlx"
@@ -37,7 +37,7 @@ func withDB(server, name string, params map[string]string) (string, error) {
 
 func createDatabase(ctx context.Context, server string) (string, error) {
 	name := "billing_bench_" + randomHex(6)
-	if _, err := pgtest.Recreate(ctx, server, name); err != nil {
+	if _, err := pgserver.Recreate(ctx, server, name); err != nil {
 		return "", fmt.Errorf("create database on %s: %w", postgres.Redact(server), err)
 	}
 	return name, nil
@@ -47,7 +47,7 @@ func createDatabase(ctx context.Context, server string) (string, error) {
 func dropDatabase(server, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	return pgtest.Drop(ctx, server, name)
+	return pgserver.Drop(ctx, server, name)
 }
 
 func randomHex(n int) string {

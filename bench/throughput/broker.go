@@ -9,8 +9,8 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/apachekafka"
-	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/dev/embeddedkafka"
+	"example.com/billing/internal/testenv/apachekafka"
 )
 
 // chooseBrokers reads -broker: unset, both brokers where Apache Kafka can
@@ -100,7 +100,7 @@ type kafkaNames struct{ topic, dlq, outcome, group string }
 func (b *broker) prepare(partitions, outcomePartitions int32) (addrs []string, n kafkaNames, cleanup func(), err error) {
 	if b.cluster == nil {
 		n = kafkaNames{topic: "orders.confirmed", dlq: "orders.confirmed.dlq", outcome: "payments.settled", group: "billing-order-confirmed"}
-		dev, err := devkafka.Start(devkafka.Options{Topics: []string{n.topic, n.dlq}, Partitions: partitions})
+		dev, err := embeddedkafka.Start(embeddedkafka.Options{Topics: []string{n.topic, n.dlq}, Partitions: partitions})
 		if err != nil {
 			return nil, n, nil, err
 		}

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"example.com/billing/internal/freeport"
+	"example.com/billing/internal/dev/freeport"
 	"example.com/billing/internal/postgres"
 )
 

@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/dev/fakepsp"
 )
 
 // The fake payment provider of a scenario runs in one of three ways

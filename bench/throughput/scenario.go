@@ -22,10 +22,10 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dev/loadgen"
+	"example.com/billing/internal/dev/pgserver"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 )
 
@@ -634,11 +634,11 @@ func caughtUp(client sarama.Client, n kafkaNames, end map[int32]int64) (bool, er
 // earlier run) and returns its URL and a function that drops it.
 func freshDatabase(server, name string) (string, func(), error) {
 	ctx := context.Background()
-	dsn, err := pgtest.Recreate(ctx, server, name)
+	dsn, err := pgserver.Recreate(ctx, server, name)
 	if err != nil {
 		return "", nil, err
 	}
-	return dsn, func() { _ = pgtest.Drop(ctx, server, name) }, nil
+	return dsn, func() { _ = pgserver.Drop(ctx, server, name) }, nil
 }
 
 func scrape(addr string) (metrics.Snapshot, error) {

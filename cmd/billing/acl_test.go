@@ -17,16 +17,16 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkaacl"
-	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/apachekafka"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // The ACLs of docs/deployment.md (kafkaacl.Serve, ReplayACLs, ProduceACLs)

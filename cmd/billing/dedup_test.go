@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"example.com/billing/internal/dlq"
-	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 func TestServe_StaleAndTamperedEventsAreParkedUncharged(t *testing.T) {

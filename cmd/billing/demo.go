@@ -19,14 +19,13 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dev/embeddedkafka"
+	"example.com/billing/internal/dev/fakepsp"
+	"example.com/billing/internal/dev/freeport"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/dev/pgserver"
-	"example.com/billing/internal/devkafka"
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/freeport"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 )
 
@@ -158,7 +157,7 @@ type demo struct {
 	pg        *pgserver.Server
 	dsn       string
 	db        *sqlx.DB
-	broker    *devkafka.Broker
+	broker    *embeddedkafka.Broker
 	psp       *runningPSP
 	kafkaCfg  config.Kafka
 	client    sarama.Client
@@ -198,7 +197,7 @@ func (d *demo) start(ctx context.Context, pg pgserver.Options) error {
 	if err := config.Load(map[string]string{}, &d.kafkaCfg); err != nil {
 		return err
 	}
-	d.broker, err = devkafka.Start(devkafka.Options{
+	d.broker, err = embeddedkafka.Start(embeddedkafka.Options{
 		Topics:     []string{d.kafkaCfg.Topic, d.kafkaCfg.DLQTopic, d.kafkaCfg.OutcomeTopic},
 		Partitions: int32(o.partitions),
 	})
@@ -466,7 +465,7 @@ func recreateDatabase(ctx context.Context, serverURL, name string) (string, erro
 		}
 		return "", fmt.Errorf("demo: PostgreSQL at %s: %w", postgres.Redact(serverURL), err)
 	}
-	dsn, err := pgtest.Recreate(ctx, serverURL, name)
+	dsn, err := pgserver.Recreate(ctx, serverURL, name)
 	if err != nil {
 		return "", fmt.Errorf("demo: %w", err)
 	}

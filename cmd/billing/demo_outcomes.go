@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"example.com/billing/internal/charge"
-	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/dev/embeddedkafka"
 	"example.com/billing/internal/order"
 )
 
@@ -52,7 +52,7 @@ func (d *demo) countOutcomes(ctx context.Context) (outcomeCounts, error) {
 	var c outcomeCounts
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	msgs, err := devkafka.ReadTopic(ctx, d.client, d.kafkaCfg.OutcomeTopic)
+	msgs, err := embeddedkafka.ReadTopic(ctx, d.client, d.kafkaCfg.OutcomeTopic)
 	if err != nil {
 		return c, err
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/gofrs/uuid/v5"
 
 	"example.com/billing/internal/charge"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/metrics"
 )
 

@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/dev/pgserver"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // demoDatabase returns a database name of the test's own, dropped when the

@@ -6,7 +6,7 @@ import (
 	"io"
 
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/dev/embeddedkafka"
 )
 
 const devkafkaHelp = `
@@ -42,7 +42,7 @@ func devkafkaCmd(ctx context.Context, args []string, environ map[string]string, 
 	if err := config.Load(environ, &k); err != nil {
 		return err
 	}
-	b, err := devkafka.Start(devkafka.Options{
+	b, err := embeddedkafka.Start(embeddedkafka.Options{
 		Port:       *port,
 		Topics:     []string{k.Topic, k.DLQTopic, k.OutcomeTopic},
 		Partitions: int32(*partitions),

@@ -11,7 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 var brokerAddrLine = regexp.MustCompile(`devkafka listening on (127\.0\.0\.1:\d+)`)

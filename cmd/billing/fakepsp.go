@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/dev/fakepsp"
 )
 
 const fakepspHelp = `

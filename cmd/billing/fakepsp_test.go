@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/dev/fakepsp"
 )
 
 var pspURLLine = regexp.MustCompile(`fakepsp listening on (http://127\.0\.0\.1:\d+)`)

@@ -16,12 +16,12 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jmoiron/sqlx"
 
-	"example.com/billing/internal/dbtest"
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // harness is the outside world of one `billing serve`: a real broker

@@ -3,8 +3,8 @@ package main
 import (
 	"testing"
 
-	"example.com/billing/internal/dbtest"
-	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // TestMain stops what the tests shared, if they started it: the Apache

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/dev/fakepsp"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // /metrics after a run tells what happened: every message under one outcome,

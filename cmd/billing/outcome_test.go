@@ -10,10 +10,10 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // outcomeEvent is a payments.settled value as the order service reads it.

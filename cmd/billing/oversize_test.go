@@ -12,7 +12,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/dlq"
-	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // produceCompressed writes value to partition 0 of the order topic

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // With the provider taking 2 s an answer, no database session of serve

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/dlq"
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 func TestServe_ChargesEveryEventOnce(t *testing.T) {

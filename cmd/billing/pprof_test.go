@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/dbtest"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // TestServe_ProfilesOnlyOnTheirOwnListener: with DEBUG_PPROF_ADDR set,

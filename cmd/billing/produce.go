@@ -13,9 +13,9 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkaacl"
-	"example.com/billing/internal/loadgen"
 	"example.com/billing/internal/tracing"
 )
 

@@ -13,8 +13,8 @@ import (
 	"github.com/IBM/sarama"
 
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/order"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // runProduce runs `billing produce` to completion and returns its summary.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 
-	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/reconcile"
 )
 

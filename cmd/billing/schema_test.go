@@ -12,10 +12,10 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"example.com/billing/db/migrations"
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // schemaEnv is serve's environment on the database dsn, with a broker that

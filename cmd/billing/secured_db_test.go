@@ -17,12 +17,12 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/dev/pgserver"
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/tlspostgres"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // securedDB is a database on a cluster of its own with TLS on (a
@@ -47,7 +47,7 @@ func newSecuredDB(t *testing.T) *securedDB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pg, err := pgtest.Start(t.Context(), pgtest.Options{CertFile: cert, KeyFile: key})
+	pg, err := tlspostgres.Start(t.Context(), tlspostgres.Options{CertFile: cert, KeyFile: key})
 	if err != nil {
 		t.Fatal(err)
 	}

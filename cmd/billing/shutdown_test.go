@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/dev/fakepsp"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // TestServe_StopsWhileTheDatabaseDoesNotAnswer: SIGTERM ends serve within

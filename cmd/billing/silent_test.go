@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // TestServe_BrokerThatDoesNotAnswer: with KAFKA_BROKERS pointing at a

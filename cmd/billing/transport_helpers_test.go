@@ -10,13 +10,13 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/dbtest"
-	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/testpki"
+	"example.com/billing/internal/testenv/apachekafka"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/testpki"
 )
 
 // newPKI is a throwaway certificate authority of the test's own.

@@ -11,10 +11,10 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/apachekafka"
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/dev/fakepsp"
+	"example.com/billing/internal/testenv/apachekafka"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // The tests in this file prove billing's secure transport end to end: the

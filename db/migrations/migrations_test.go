@@ -14,9 +14,9 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"example.com/billing/db/migrations"
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // The pipeline's plain processed_event becomes the partitioned one without

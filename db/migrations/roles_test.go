@@ -14,8 +14,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // runtimePrivileges is everything billing_runtime may do, table by table,

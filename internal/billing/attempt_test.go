@@ -16,8 +16,8 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/dlq/reason"
-	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/payment"
 )

@@ -18,14 +18,14 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"example.com/billing/internal/billing"
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/dlq/reason"
-	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // fixture is a Processor on a real database of its own and a fake provider

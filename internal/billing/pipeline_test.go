@@ -14,8 +14,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"example.com/billing/internal/billing"
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/dev/fakepsp"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // submitted submits values one by one, as the consumer does, and returns a

@@ -3,7 +3,7 @@ package charge_test
 import (
 	"testing"
 
-	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // TestMain stops the PostgreSQL server the tests started, if none answered

@@ -7,7 +7,7 @@ import (
 	"github.com/lib/pq"
 
 	"example.com/billing/internal/charge"
-	"example.com/billing/internal/dbtest"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // A claim reads the attempts of its orders through indexes, never by

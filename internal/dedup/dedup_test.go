@@ -15,11 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/partition"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 func idAt(t *testing.T, at time.Time) uuid.UUID {

@@ -3,7 +3,7 @@ package dlq_test
 import (
 	"testing"
 
-	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // TestMain stops the Apache Kafka cluster the tests shared, if they

@@ -18,8 +18,8 @@ import (
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // replayWorld is a broker with the order topic and its DLQ, and a client

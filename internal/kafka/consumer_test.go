@@ -21,14 +21,14 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/dev/embeddedkafka"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // These tests exercise the consumer's offset and lane logic against a real
@@ -605,7 +605,7 @@ func TestConsumer_ADeadLetterOutageIsRetriedNotSkipped(t *testing.T) {
 
 	b.CreateTopic(t, b.DLQTopic, 1, nil)
 	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
-	parked, err := devkafka.ReadTopic(context.Background(), client, b.DLQTopic)
+	parked, err := embeddedkafka.ReadTopic(context.Background(), client, b.DLQTopic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"example.com/billing/internal/billing"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/nettest"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/nettest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // A member cut off from the brokers but not from its database and provider

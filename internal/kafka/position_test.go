@@ -7,10 +7,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/dedup"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // After a PostgreSQL failover to an asynchronous standby, the database

@@ -19,15 +19,15 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/billing"
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/dlq"
-	"example.com/billing/internal/fakepsp"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/kafkatest"
 	"example.com/billing/internal/tracing"
 )
 

@@ -14,12 +14,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkaacl"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/apachekafka"
+	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // TestMain stops the Apache Kafka cluster the tests shared, if they

@@ -19,13 +19,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"example.com/billing/internal/config"
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/kafkatest"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 // TestMain stops what the tests shared, if they started it: the Apache

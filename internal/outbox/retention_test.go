@@ -11,11 +11,11 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/postgres"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 // retentionDB is a migrated database and the outbox's retention over it,

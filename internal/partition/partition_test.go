@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/partition"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // Writers and maintainers creating the same day at once all succeed: a

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/dbtest"
-	"example.com/billing/internal/nettest"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/nettest"
 )
 
 // A network that drops packets between billing and PostgreSQL (a

@@ -9,9 +9,9 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/pressly/goose/v3/lock"
 
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/postgres"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/testenv/dbtest"
+	"example.com/billing/internal/testenv/wait"
 )
 
 func TestLock_Keys(t *testing.T) {

@@ -14,8 +14,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // open returns a pool on dsn, closed when the test ends.

@@ -15,11 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"example.com/billing/internal/charge"
-	"example.com/billing/internal/dbtest"
-	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/reconcile"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // world is a real database and a fake provider over HTTP.

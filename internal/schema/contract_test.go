@@ -13,8 +13,8 @@ import (
 	"github.com/lib/pq"
 
 	"example.com/billing/db/migrations"
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/schema"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 func TestMigrations_ContractMark(t *testing.T) {

@@ -16,9 +16,9 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"example.com/billing/db/migrations"
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 // open returns a pool on dsn, closed when the test ends.

@@ -19,7 +19,7 @@ import (
 
 	"github.com/lib/pq"
 
-	"example.com/billing/internal/freeport"
+	"example.com/billing/internal/dev/freeport"
 )
 
 // ClusterOptions change what StartCluster sets up.

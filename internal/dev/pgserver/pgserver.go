@@ -18,6 +18,9 @@
 // module's code: it runs initdb and pg_ctl as the calling user, which
 // PostgreSQL refuses as root, and pg_ctl detaches the server, which then
 // outlives a test binary killed by a timeout.
+//
+// Recreate and Drop make and remove a throwaway database on any server:
+// the demo's, a test's, a benchmark's.
 package pgserver
 
 import (

@@ -1,4 +1,4 @@
-// Package devkafka runs an embedded Kafka-protocol broker for local runs,
+// Package embeddedkafka runs an embedded Kafka-protocol broker for local runs,
 // the demo and the tests, and reads a small topic whole (ReadTopic) for
 // the demo's summary and the tests' checks.
 //
@@ -7,7 +7,7 @@
 // development broker, not Apache Kafka: one process, no replication, no
 // quotas, listening on 127.0.0.1 only, and in memory unless a data directory
 // is given.
-package devkafka
+package embeddedkafka
 
 import (
 	"crypto/tls"

@@ -15,10 +15,10 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/apachekafka"
-	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/dev/embeddedkafka"
 	"example.com/billing/internal/kafkaacl"
-	"example.com/billing/internal/testpki"
+	"example.com/billing/internal/testenv/apachekafka"
+	"example.com/billing/internal/testenv/testpki"
 )
 
 // Kinds of broker a test can run against, chosen by KAFKA_TEST_BROKER.
@@ -48,7 +48,7 @@ type Broker struct {
 	Creds Creds
 
 	admin []string // plaintext addresses for admin calls
-	dev   *devkafka.Broker
+	dev   *embeddedkafka.Broker
 }
 
 // Creds are what a client presents to a secured listener.
@@ -63,7 +63,7 @@ type Creds struct {
 func (b *Broker) Addr() string { return strings.Join(b.Addrs, ",") }
 
 // Embedded returns the embedded broker, nil on any other kind.
-func (b *Broker) Embedded() *devkafka.Broker { return b.dev }
+func (b *Broker) Embedded() *embeddedkafka.Broker { return b.dev }
 
 // Env is serve's Kafka environment for this broker: brokers, topics, group
 // and, for a secured one, the KAFKA_TLS_* and KAFKA_SASL_* variables.
@@ -131,7 +131,7 @@ func Start(t testing.TB, partitions int32, opts ...Option) *Broker {
 	b.name(t)
 	switch kind {
 	case Kfake:
-		b.dev = startEmbedded(t, devkafka.Options{})
+		b.dev = startEmbedded(t, embeddedkafka.Options{})
 		b.Addrs = []string{b.dev.Addr()}
 	case Apache:
 		c := sharedApache(t)
@@ -165,12 +165,12 @@ func StartSecure(t testing.TB, l apachekafka.Listener, mechanism string, partiti
 		}
 		b.Creds = Creds{Listener: l, Mechanism: mechanism, CAFile: pki.CAFile, CertFile: pki.CertFile, KeyFile: pki.KeyFile,
 			User: "billing", Password: "sasl-" + randomHex(8)}
-		opts := devkafka.Options{}
+		opts := embeddedkafka.Options{}
 		if l == apachekafka.MutualTLS || l == apachekafka.SASLOverTLS {
 			opts.TLS = pki.ServerTLS(l == apachekafka.MutualTLS)
 		}
 		if l == apachekafka.SASLOverTLS || l == apachekafka.SASLPlaintext {
-			opts.SASL = []devkafka.User{{Mechanism: mechanism, Name: b.Creds.User, Password: b.Creds.Password}}
+			opts.SASL = []embeddedkafka.User{{Mechanism: mechanism, Name: b.Creds.User, Password: b.Creds.Password}}
 		}
 		b.dev = startEmbedded(t, opts)
 		b.Addrs = []string{b.dev.Addr()}
@@ -243,9 +243,9 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func startEmbedded(t testing.TB, opts devkafka.Options) *devkafka.Broker {
+func startEmbedded(t testing.TB, opts embeddedkafka.Options) *embeddedkafka.Broker {
 	t.Helper()
-	d, err := devkafka.Start(opts)
+	d, err := embeddedkafka.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

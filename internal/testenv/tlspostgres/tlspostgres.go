@@ -1,4 +1,4 @@
-// Package pgtest starts a throwaway PostgreSQL cluster configured the way a
+// Package tlspostgres starts a throwaway PostgreSQL cluster configured the way a
 // production database holding money is: TLS on (a certificate the test
 // issues), and every role but the test's own superuser admitted only over
 // TLS and with a password (scram-sha-256). The server the other tests use
@@ -8,11 +8,7 @@
 // The cluster is a pgserver.Cluster: from the same binaries as the tests'
 // server when none answers (PG_BIN, /usr/lib/postgresql/*/bin, else the
 // embedded PostgreSQL), run as the OS user postgres when root.
-//
-// Recreate and Drop make and remove a throwaway database on any server,
-// this package's or the tests' shared one: the demo's, a test's, a
-// benchmark's.
-package pgtest
+package tlspostgres
 
 import (
 	"context"
@@ -33,7 +29,7 @@ type Options struct {
 func Start(ctx context.Context, opts Options) (*pgserver.Cluster, error) {
 	bin, err := pgserver.FindBinaries(ctx, pgserver.TestOptions(os.Getenv))
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
+		return nil, fmt.Errorf("tlspostgres: %w", err)
 	}
 	files := map[string][]byte{
 		// The superuser postgres without TLS or password (the test's own
@@ -47,7 +43,7 @@ func Start(ctx context.Context, opts Options) (*pgserver.Cluster, error) {
 	for name, src := range map[string]string{"server.crt": opts.CertFile, "server.key": opts.KeyFile} {
 		b, err := os.ReadFile(src)
 		if err != nil {
-			return nil, fmt.Errorf("pgtest: %w", err)
+			return nil, fmt.Errorf("tlspostgres: %w", err)
 		}
 		files[name] = b
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/order"
 )
 

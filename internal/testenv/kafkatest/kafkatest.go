@@ -16,7 +16,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/devkafka"
+	"example.com/billing/internal/dev/embeddedkafka"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
 )
@@ -144,7 +144,7 @@ func ReadAll(t testing.TB, client sarama.Client, topic string) []*sarama.Consume
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	msgs, err := devkafka.ReadTopic(ctx, client, topic)
+	msgs, err := embeddedkafka.ReadTopic(ctx, client, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package devkafka
+package embeddedkafka
 
 import (
 	"context"

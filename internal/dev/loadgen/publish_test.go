@@ -15,9 +15,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/kafkatest"
-	"example.com/billing/internal/loadgen"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 func newProducer(t *testing.T, addr string) sarama.AsyncProducer {

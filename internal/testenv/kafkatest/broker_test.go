@@ -6,10 +6,10 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/apachekafka"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/kafka"
-	"example.com/billing/internal/kafkatest"
+	"example.com/billing/internal/testenv/apachekafka"
+	"example.com/billing/internal/testenv/kafkatest"
 )
 
 func TestMain(m *testing.M) { kafkatest.Main(m) }

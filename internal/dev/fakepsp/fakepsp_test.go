@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/fakepsp"
-	"example.com/billing/internal/wait"
+	"example.com/billing/internal/dev/fakepsp"
+	"example.com/billing/internal/testenv/wait"
 )
 
 const validBody = `{"orderId":123,"customerId":45,"amount":1999,"currency":"EUR"}`

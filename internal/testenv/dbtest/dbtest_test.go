@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"example.com/billing/internal/dbtest"
 	"example.com/billing/internal/dev/pgserver"
+	"example.com/billing/internal/testenv/dbtest"
 )
 
 var (
@@ -25,7 +25,7 @@ var (
 // one fail (dbtest refuses to start a server nothing would stop). This
 // finds such a package where a server does answer, as in CI.
 func TestEveryPackageThatUsesDbtestStopsItsServer(t *testing.T) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestEveryPackageThatUsesDbtestStopsItsServer(t *testing.T) {
 		t.Fatalf("the scan does not see internal/dedup's use of dbtest and its TestMain: uses %v, stops %v", uses["internal/dedup"], stops["internal/dedup"])
 	}
 	for dir, u := range uses {
-		if u && !stops[dir] && dir != "internal/dbtest" {
+		if u && !stops[dir] && dir != "internal/testenv/dbtest" {
 			t.Errorf("%s uses dbtest without stopping the server its tests may start: add\n"+
 				"  func TestMain(m *testing.M) { dbtest.Main(m) }\n"+
 				"or, with kafkatest, kafkatest.Main(dbtest.WithServer(m))", dir)

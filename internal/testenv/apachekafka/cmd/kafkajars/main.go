@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"example.com/billing/internal/apachekafka"
+	"example.com/billing/internal/testenv/apachekafka"
 )
 
 func main() {

@@ -33,7 +33,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/freeport"
+	"example.com/billing/internal/dev/freeport"
 )
 
 // Options configure a Cluster.

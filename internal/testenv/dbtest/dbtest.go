@@ -28,7 +28,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"example.com/billing/internal/dev/pgserver"
-	"example.com/billing/internal/pgtest"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
 )
@@ -143,14 +142,14 @@ func Empty(t testing.TB) string {
 	name := "billing_test_" + hex.EncodeToString(suffix)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dsn, err := pgtest.Recreate(ctx, server, name)
+	dsn, err := pgserver.Recreate(ctx, server, name)
 	if err != nil {
 		t.Fatalf("create test database on %s: %v", postgres.Redact(server), err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := pgtest.Drop(ctx, server, name); err != nil {
+		if err := pgserver.Drop(ctx, server, name); err != nil {
 			t.Errorf("drop test database %s: %v", name, err)
 		}
 	})

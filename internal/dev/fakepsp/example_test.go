@@ -7,7 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"example.com/billing/internal/fakepsp"
+	"example.com/billing/internal/dev/fakepsp"
 )
 
 func Example() {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"example.com/billing/internal/apachekafka"
+	"example.com/billing/internal/testenv/apachekafka"
 )
 
 func TestPinnedVersion(t *testing.T) {
