@@ -17,9 +17,31 @@ import (
 // It is the seed scenario's one definition. A binary is given only the
 // variables it reads (knownVars): one built before CONSUMER_LANES and
 // CONSUMER_BATCH_MAX were retired runs with its defaults for them.
+//
+// Its synchronous offset commit after every message is a build of its own,
+// not a setting (seedDesignBinary).
 var seedEnv = []string{
 	"DATABASE_MAX_CONNS=3", "MAX_IN_FLIGHT=3", // at most 3 partitions' messages at once
-	"KAFKA_COMMIT_EVERY_MESSAGE=true", // a synchronous offset commit after every message
+}
+
+// seedDesignBinary builds this tree's cmd/billing with -tags seeddesign
+// into a temporary directory: billing that commits each message's offset
+// synchronously, as the seed does, instead of saving positions. The
+// caller removes the directory.
+func seedDesignBinary() (path, dir string, err error) {
+	dir, err = os.MkdirTemp("", "billing-seeddesign-")
+	if err != nil {
+		return "", "", err
+	}
+	path = filepath.Join(dir, "billing")
+	fmt.Printf("building the seed design (go build -tags seeddesign ./cmd/billing) into %s\n", path)
+	build := exec.Command("go", "build", "-tags", "seeddesign", "-trimpath", "-ldflags", "-s -w", "-o", path, "./cmd/billing")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return "", "", fmt.Errorf("build the seed design: %w\n%s", err, out)
+	}
+	return path, dir, nil
 }
 
 // tagVar finds the variables of a configuration struct's env tags.

@@ -32,7 +32,8 @@
 // earlier billing (-baseline: a binary, or a commit of this repository,
 // built once) and the seed design: billing itself configured as the seed
 // (seedEnv: one message at a time per partition, at most 3 partitions at
-// once, an offset commit per message). A binary is given only the
+// once; and an offset commit per message, a build with -tags seeddesign).
+// A binary is given only the
 // variables it reads, so an earlier binary runs with its own defaults.
 // pgbench runs billing's per-event SQL too, as the database's own ceiling
 // for one transaction per event, and the seed's own SQL (its schema), for
@@ -209,7 +210,12 @@ func run() error {
 		}
 		designs = append(designs, design{label: label, binary: path, env: billingEnv, events: capped(*events, 100, 2000)})
 	}
-	designs = append(designs, design{label: "seed design", binary: *binary, env: seedEnv, events: capped(*seedEvents, 3, 100)})
+	seedBinary, seedDir, err := seedDesignBinary()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(seedDir)
+	designs = append(designs, design{label: "seed design", binary: seedBinary, env: seedEnv, events: capped(*seedEvents, 3, 100)})
 	var scenarios []scenario
 	var compression sarama.CompressionCodec
 	if err := compression.UnmarshalText([]byte(*codec)); err != nil {

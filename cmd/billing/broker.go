@@ -22,12 +22,12 @@ func connectKafka(ctx context.Context, k config.Kafka, c config.Consumer, log *s
 	if err != nil {
 		return nil, err
 	}
-	if c.CommitEveryMessage {
+	if seedDesign {
 		// sarama sends one request at a time per broker connection, so a
 		// synchronous commit waits behind the fetch long-poll (up to
 		// MaxWaitTime, 500 ms) when the coordinator leads the partitions
 		// too. Polling briefly keeps that wait from dominating the
-		// commit-per-message mode.
+		// commit per message.
 		cfg.Consumer.MaxWaitTime = 10 * time.Millisecond
 	}
 	retry := backoff.NewExponentialBackOff()

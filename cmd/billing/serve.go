@@ -180,14 +180,13 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	defer stopRelay()
 
 	c, err := kafka.NewConsumer(k.client, processor, parking, kafka.Options{
-		Topic:              cfg.Kafka.Topic,
-		Group:              cfg.Kafka.GroupID,
-		MaxInFlight:        cfg.Consumer.MaxInFlight,
-		MaxInFlightBytes:   cfg.Consumer.MaxInFlightBytes,
-		DrainTimeout:       cfg.Consumer.DrainTimeout,
-		CommitEveryMessage: cfg.Consumer.CommitEveryMessage,
-		Positions:          dedup.NewPositions(db, cfg.Kafka.GroupID),
-		ReplayWindow:       horizon.ProviderWindow,
+		Topic:            cfg.Kafka.Topic,
+		Group:            cfg.Kafka.GroupID,
+		MaxInFlight:      cfg.Consumer.MaxInFlight,
+		MaxInFlightBytes: cfg.Consumer.MaxInFlightBytes,
+		DrainTimeout:     cfg.Consumer.DrainTimeout,
+		Commit:           commitOf(db, cfg.Kafka.GroupID),
+		ReplayWindow:     horizon.ProviderWindow,
 	}, m, tp, log)
 	if err != nil {
 		return fmt.Errorf("consumer group: %w", err)
@@ -481,4 +480,14 @@ func retentionText(l kafka.TopicLimits) string {
 		return "forever"
 	}
 	return l.Retention.String()
+}
+
+// commitOf is how serve's consumer commits: each partition's position saved
+// in db before Kafka's commit, or, in the seed design's benchmark build, a
+// synchronous commit per message.
+func commitOf(db *sqlx.DB, group string) kafka.Commit {
+	if seedDesign {
+		return kafka.CommitEach()
+	}
+	return kafka.SavePositions(dedup.NewPositions(db, group))
 }

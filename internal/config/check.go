@@ -250,7 +250,6 @@ func (c Consumer) LogValue() slog.Value {
 		slog.Int("max_in_flight", c.MaxInFlight),
 		slog.Int64("max_in_flight_bytes", c.MaxInFlightBytes),
 		slog.Duration("drain_timeout", c.DrainTimeout),
-		slog.Bool("commit_every_message", c.CommitEveryMessage),
 	)
 }
 

@@ -120,10 +120,6 @@ type Consumer struct {
 	// is revoked or SIGTERM arrives; what is unfinished then is abandoned
 	// (rolled back, not marked) and redelivered to the next owner.
 	DrainTimeout time.Duration `env:"DRAIN_TIMEOUT" envDefault:"10s" help:"how long in-flight work may finish after a revocation or SIGTERM; serve exits within DRAIN_TIMEOUT + 5s"`
-	// CommitEveryMessage commits offsets synchronously after every finished
-	// message instead of once a second: the seed design's behaviour, kept
-	// for the benchmark baseline.
-	CommitEveryMessage bool `env:"KAFKA_COMMIT_EVERY_MESSAGE" envDefault:"false" help:"commit offsets synchronously after each message (the seed's behaviour; for benchmarks)"`
 }
 
 // DedupRetention is how long processed_event remembers an event, which

@@ -106,7 +106,6 @@ var settings = []setting{
 	{"LOG_FORMAT", func(c config.Serve) any { return c.Log.Format }},
 	{"MAX_IN_FLIGHT", func(c config.Serve) any { return c.Consumer.MaxInFlight }},
 	{"DRAIN_TIMEOUT", func(c config.Serve) any { return c.Consumer.DrainTimeout }},
-	{"KAFKA_COMMIT_EVERY_MESSAGE", func(c config.Serve) any { return c.Consumer.CommitEveryMessage }},
 }
 
 // checkSettings compares every contract setting of got with want (variable
@@ -163,7 +162,6 @@ func TestLoad_Defaults(t *testing.T) {
 			"LOG_FORMAT":                  "json",
 			"MAX_IN_FLIGHT":               2 * 1024, // 2 × PAYMENT_MAX_CONCURRENCY
 			"DRAIN_TIMEOUT":               10 * time.Second,
-			"KAFKA_COMMIT_EVERY_MESSAGE":  false,
 		})
 	})
 }
@@ -208,7 +206,6 @@ func TestLoad_Values(t *testing.T) {
 			"LOG_FORMAT":                  "text",
 			"MAX_IN_FLIGHT":               7,
 			"DRAIN_TIMEOUT":               time.Minute,
-			"KAFKA_COMMIT_EVERY_MESSAGE":  true,
 		}
 		env := map[string]string{
 			"KAFKA_BROKERS":               "kafka-0:9092,kafka-1:9093",
@@ -221,7 +218,6 @@ func TestLoad_Values(t *testing.T) {
 			"DEDUP_ALLOW_SHORT_RETENTION": "true",
 			"LOG_LEVEL":                   "debug",
 			"DRAIN_TIMEOUT":               "1m",
-			"KAFKA_COMMIT_EVERY_MESSAGE":  "true",
 		}
 		for name, v := range want {
 			if _, ok := env[name]; !ok {
@@ -386,7 +382,6 @@ func TestLoad_Errors(t *testing.T) {
 		{"ErrDrainTimeoutZero", []string{"DRAIN_TIMEOUT=0s"}, "DRAIN_TIMEOUT", ""},
 		{"ErrDrainTimeoutNegative", []string{"DRAIN_TIMEOUT=-5s"}, "DRAIN_TIMEOUT", ""},
 		{"ErrDrainTimeoutUnparsable", []string{"DRAIN_TIMEOUT=soon"}, "DRAIN_TIMEOUT", ""},
-		{"ErrCommitEveryMessageNotBool", []string{"KAFKA_COMMIT_EVERY_MESSAGE=often"}, "KAFKA_COMMIT_EVERY_MESSAGE", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -648,13 +643,14 @@ func TestTopics_AsKafka(t *testing.T) {
 // with what replaced it, so that nobody tunes a knob that turns nothing.
 func TestRetired(t *testing.T) {
 	t.Parallel()
-	env := minimalEnv(t, "CONSUMER_LANES=32", "CONSUMER_BATCH_MAX=32")
+	env := minimalEnv(t, "CONSUMER_LANES=32", "CONSUMER_BATCH_MAX=32", "KAFKA_COMMIT_EVERY_MESSAGE=true")
 	if _, err := load(t, env); err != nil {
 		t.Fatalf("a retired variable stopped the process: %v", err)
 	}
 	got := config.Retired(env)
-	if len(got) != 2 || !strings.HasPrefix(got[0], "CONSUMER_BATCH_MAX is set but no longer read: ") ||
-		!strings.HasPrefix(got[1], "CONSUMER_LANES is set but no longer read: ") || !strings.Contains(got[1], "MAX_IN_FLIGHT") {
+	if len(got) != 3 || !strings.HasPrefix(got[0], "CONSUMER_BATCH_MAX is set but no longer read: ") ||
+		!strings.HasPrefix(got[1], "CONSUMER_LANES is set but no longer read: ") || !strings.Contains(got[1], "MAX_IN_FLIGHT") ||
+		!strings.HasPrefix(got[2], "KAFKA_COMMIT_EVERY_MESSAGE is set but no longer read: ") {
 		t.Errorf("Retired = %q", got)
 	}
 	if got := config.Retired(minimalEnv(t)); len(got) != 0 {

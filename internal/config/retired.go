@@ -16,6 +16,8 @@ var retired = map[string]string{
 		"so lanes no longer bound anything; MAX_IN_FLIGHT, PAYMENT_MAX_CONCURRENCY and PAYMENT_MAX_RPS do",
 	"CONSUMER_BATCH_MAX": "claims and settles of all partitions share transactions as they come (group commit), " +
 		"so a lane's batch no longer exists; DATABASE_MAX_CONNS sizes the writers",
+	"KAFKA_COMMIT_EVERY_MESSAGE": "serve always saves each partition's position in the database before Kafka commits it, " +
+		"and commits at once when a partition has nothing in flight; the seed design's commit per message is a benchmark build (-tags seeddesign)",
 }
 
 // Retired returns a notice for every retired variable set in environ, in

@@ -57,13 +57,10 @@ type Options struct {
 	// DrainTimeout bounds how long in-flight work may go on after a
 	// partition is revoked or the consumer stops.
 	DrainTimeout time.Duration
-	// CommitEveryMessage commits synchronously after each marked offset
-	// instead of once a second: the benchmark's baseline of a commit per
-	// message. It marks at once, without saving Positions first.
-	CommitEveryMessage bool
-	// Positions, when set, keeps each partition's position in the
-	// database, saved before Kafka may commit it (see Positions).
-	Positions Positions
+	// Commit is how finished messages are committed: SavePositions in
+	// production, CommitEach for the seed design's benchmark; the zero
+	// value marks them at once for sarama's commit (the consumer's tests).
+	Commit Commit
 	// ReplayWindow bounds how far back a partition is consumed again
 	// after the database lost commits: the provider's idempotency window.
 	ReplayWindow time.Duration
@@ -89,8 +86,8 @@ type Consumer struct {
 	ready  atomic.Bool   // holds a group session
 	member *membership   // whether the coordinator still counts it
 
-	positions Positions  // nil: offsets are marked as soon as finished
-	posMu     sync.Mutex // one save of positions at a time
+	saveWarn   sync.Mutex // guards saveWarned
+	saveWarned time.Time  // when a failed save of positions was last logged
 
 	mu    sync.Mutex
 	owned map[int32]*partition // partitions being consumed, for lag
@@ -117,9 +114,6 @@ func NewConsumer(client sarama.Client, proc Processor, dlq Parker, opts Options,
 		tokens:  make(chan struct{}, opts.MaxInFlight),
 		member:  newMembership(client, opts.Group),
 		owned:   make(map[int32]*partition),
-	}
-	if !opts.CommitEveryMessage {
-		c.positions = opts.Positions
 	}
 	c.member.onTick = func(d time.Duration) { m.HeartbeatAge.Set(d.Seconds()) }
 	c.member.onLapse = func(d time.Duration) {
@@ -151,9 +145,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	wg.Go(func() { c.reportLag(lagCtx) })
 	wg.Go(func() { c.stepOverMarkers(lagCtx) })
 	wg.Go(func() { c.member.run(lagCtx) })
-	if c.positions != nil {
-		wg.Go(func() { c.keepPositions(lagCtx) })
-	}
 
 	// sarama does not watch ctx while it joins the group, so a SIGTERM
 	// during a rebalance would wait for the rebalance (up to its timeout, or
@@ -238,14 +229,17 @@ func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.C
 	c.metrics.Rebalances.WithLabelValues("assigned").Inc()
 	c.log.Info("partition assigned", "topic", claim.Topic(), "partition", claim.Partition(), "offset", claim.InitialOffset())
 
+	committing, stopCommitting := context.WithCancel(context.Background())
+	var committer sync.WaitGroup
+	committer.Go(func() { p.commit.run(committing) })
 	p.run(claim.Messages())
-	if c.positions != nil {
-		// What finished since the last save is committed with the
-		// session's end, once the database has it.
-		ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
-		c.savePositions(ctx, []*partition{p})
-		cancel()
-	}
+	stopCommitting()
+	committer.Wait()
+	// What finished since the last commit is committed with the session's
+	// end (once the database has it, with SavePositions).
+	ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+	p.commit.close(ctx)
+	cancel()
 
 	c.mu.Lock()
 	delete(c.owned, claim.Partition())
@@ -253,7 +247,7 @@ func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.C
 	c.metrics.Lag.DeleteLabelValues(partitionLabel(claim.Partition()))
 	c.metrics.StableOffsetHeld.DeleteLabelValues(partitionLabel(claim.Partition()))
 	c.metrics.Rebalances.WithLabelValues("revoked").Inc()
-	c.log.Info("partition released", "topic", claim.Topic(), "partition", claim.Partition(), "unfinished", p.tracker.unfinished())
+	c.log.Info("partition released", "topic", claim.Topic(), "partition", claim.Partition(), "unfinished", p.commit.unfinished())
 	return nil
 }
 

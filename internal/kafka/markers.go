@@ -91,10 +91,11 @@ func (c *Consumer) stepOverMarkers(ctx context.Context) {
 // idleAt returns where p's finished prefix ends when every message read
 // off its claim is finished, and false while some is not.
 func (c *Consumer) idleAt(p *partition) (int64, bool) {
-	if p.tracker.unfinished() > 0 || p.pos.rewinding.Load() {
+	from, idle := p.commit.idle()
+	if !idle {
 		return 0, false
 	}
-	if from := p.pos.done.Load(); from >= 0 {
+	if from >= 0 {
 		return from, true
 	}
 	// Nothing finished yet in this claim: it starts where the group's

@@ -41,12 +41,11 @@ type partition struct {
 	// a group that never committed).
 	initial int64
 
-	tracker      tracker
-	pos          *position
-	waiting      []waiting // read off the claim, not yet taken (no in-flight slot yet)
-	waitingBytes int64
-	keys         map[string]*key // keys with messages taken and unfinished
-	held         []*key          // keys whose next message waits for the membership to be confirmed
+	commit      committer
+	queued      []queued // read off the claim, not yet taken (no in-flight slot yet)
+	queuedBytes int64
+	keys        map[string]*key // keys with messages taken and unfinished
+	held        []*key          // keys whose next message waits for the membership to be confirmed
 	// inFlight counts messages handed to billing or to the dead-letter
 	// writer whose answer has not come back.
 	inFlight int
@@ -77,11 +76,11 @@ type key struct {
 	name string
 	msgs []*message // msgs[0] is with billing, or waits for its retry
 	busy bool       // msgs[0] is with billing or the dead-letter writer
-	// waiting: msgs[0] failed and waits for its retry (counted, with the
+	// retrying: msgs[0] failed and waits for its retry (counted, with the
 	// messages behind it, in billing_messages_retrying).
-	waiting bool
-	retry   *backoff.ExponentialBackOff
-	timer   *time.Timer
+	retrying bool
+	retry    *backoff.ExponentialBackOff
+	timer    *time.Timer
 }
 
 // message is a record taken off a claim, with the time it was taken, the
@@ -115,19 +114,20 @@ type answer struct {
 
 func (c *Consumer) newPartition(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *partition {
 	work, cancel := context.WithCancel(context.WithoutCancel(sess.Context()))
-	return &partition{
+	p := &partition{
 		c:          c,
 		sess:       sess,
 		claim:      claim,
 		topic:      claim.Topic(),
 		id:         claim.Partition(),
 		initial:    claim.InitialOffset(),
-		pos:        newPosition(claim.InitialOffset()),
 		keys:       make(map[string]*key),
 		inbox:      newInbox(),
 		work:       work,
 		cancelWork: cancel,
 	}
+	p.commit = c.newCommitter(p)
+	return p
 }
 
 // run consumes messages until the claim ends, then lets the work in flight
@@ -147,7 +147,7 @@ func (p *partition) run(messages <-chan *sarama.ConsumerMessage) {
 // It never blocks on anything but its inputs, so that it sees the end of
 // the claim at once, even when every in-flight slot is taken or keys are
 // stuck retrying: revocation must not wait for an outage to end. So it
-// reads the claim all the time; a message read waits in p.waiting until it
+// reads the claim all the time; a message read waits in p.queued until it
 // can be taken: with an in-flight slot (MaxInFlight, all partitions of this
 // instance) and while the messages in flight hold less than
 // MaxInFlightBytes (a message larger than the whole budget goes when
@@ -165,7 +165,7 @@ func (p *partition) consume(messages <-chan *sarama.ConsumerMessage) {
 	for {
 		var slot chan<- struct{}
 		var overBytes <-chan time.Time // ticks while the byte budget is spent
-		if len(p.waiting) > 0 {
+		if len(p.queued) > 0 {
 			if p.c.overBudget() {
 				// Finished messages free bytes on any partition: look
 				// again in a few milliseconds.
@@ -183,19 +183,19 @@ func (p *partition) consume(messages <-chan *sarama.ConsumerMessage) {
 			if !ok {
 				return
 			}
-			p.tracker.add(m.Offset)
-			p.waiting = append(p.waiting, waiting{msg: m, read: time.Now()})
-			p.waitingBytes += sizeOf(m)
-			if !paused && (len(p.waiting) >= maxWaiting || p.waitingBytes >= maxWaitingBytes) {
+			p.commit.add(m.Offset)
+			p.queued = append(p.queued, queued{msg: m, read: time.Now()})
+			p.queuedBytes += sizeOf(m)
+			if !paused && (len(p.queued) >= maxQueued || p.queuedBytes >= maxQueuedBytes) {
 				p.c.group.Pause(map[string][]int32{p.topic: {p.id}})
 				paused = true
 			}
 		case slot <- struct{}{}:
-			w := p.waiting[0]
-			p.waiting[0] = waiting{} // the backing array must not keep it alive
-			p.waiting = p.waiting[1:]
-			p.waitingBytes -= sizeOf(w.msg)
-			if paused && len(p.waiting) <= maxWaiting/2 && p.waitingBytes < maxWaitingBytes/2 {
+			w := p.queued[0]
+			p.queued[0] = queued{} // the backing array must not keep it alive
+			p.queued = p.queued[1:]
+			p.queuedBytes -= sizeOf(w.msg)
+			if paused && len(p.queued) <= maxQueued/2 && p.queuedBytes < maxQueuedBytes/2 {
 				p.c.group.Resume(map[string][]int32{p.topic: {p.id}})
 				paused = false
 			}
@@ -205,11 +205,11 @@ func (p *partition) consume(messages <-chan *sarama.ConsumerMessage) {
 				p.handle(a, false)
 			}
 		case <-confirmed:
-			p.startHeld()
+			p.dispatchHeld()
 		case <-overBytes:
 		case <-done:
 			return
-		case <-p.pos.rewound: // consumed again from the database's position, in a session of its own
+		case <-p.commit.rewound(): // consumed again from the database's position, in a session of its own
 			return
 		}
 	}
@@ -218,12 +218,12 @@ func (p *partition) consume(messages <-chan *sarama.ConsumerMessage) {
 // A partition pauses fetching while this much waits to be taken: a few
 // hundred events, or one large message.
 const (
-	maxWaiting      = 256
-	maxWaitingBytes = 1 << 20
+	maxQueued      = 256
+	maxQueuedBytes = 1 << 20
 )
 
-// waiting is a message read off the claim and not yet taken.
-type waiting struct {
+// queued is a message read off the claim and not yet taken.
+type queued struct {
 	msg  *sarama.ConsumerMessage
 	read time.Time
 }
@@ -238,7 +238,7 @@ func (c *Consumer) overBudget() bool {
 // the producer's, whose trace context travels in the record's headers) and
 // queues it behind its key's unfinished messages, handing it to billing at
 // once when there are none. It holds an in-flight slot from now on.
-func (p *partition) take(w waiting) {
+func (p *partition) take(w queued) {
 	m := w.msg
 	parent := tracing.Propagator().Extract(context.Background(), consumerHeaders(m.Headers))
 	opts := []trace.SpanStartOption{
@@ -264,17 +264,17 @@ func (p *partition) take(w waiting) {
 	}
 	k.msgs = append(k.msgs, msg)
 	switch {
-	case k.waiting:
+	case k.retrying:
 		p.c.metrics.Retrying.Inc()
 	case len(k.msgs) == 1:
-		p.start(k)
+		p.dispatch(k)
 	}
 }
 
-// start hands k's oldest unfinished message to billing; while the
+// dispatch hands k's oldest unfinished message to billing; while the
 // coordinator does not confirm the membership it waits (held), since the
 // partition may be another member's by now.
-func (p *partition) start(k *key) {
+func (p *partition) dispatch(k *key) {
 	if !p.c.member.holds() {
 		p.held = append(p.held, k)
 		return
@@ -292,15 +292,16 @@ func (p *partition) start(k *key) {
 	})
 }
 
-// startHeld starts the held keys once the membership is confirmed again.
-func (p *partition) startHeld() {
+// dispatchHeld dispatches the held keys once the membership is confirmed
+// again.
+func (p *partition) dispatchHeld() {
 	if !p.c.member.holds() {
 		return
 	}
 	held := p.held
 	p.held = nil
 	for _, k := range held {
-		p.start(k)
+		p.dispatch(k)
 	}
 }
 
@@ -308,7 +309,7 @@ func (p *partition) startHeld() {
 // retried or started any more; what cannot finish now is given up.
 func (p *partition) handle(a answer, draining bool) {
 	if a.step > 0 {
-		p.stepTo(a.step)
+		p.commit.stepTo(a.step)
 		return
 	}
 	if a.due != nil {
@@ -349,14 +350,14 @@ func (p *partition) park(k *key, r billing.Result) {
 	}()
 }
 
-// done finishes k's oldest message with r and starts its next one.
+// done finishes k's oldest message with r and dispatches its next one.
 func (p *partition) done(k *key, r billing.Result) {
 	m := k.msgs[0]
 	k.msgs[0] = nil // the backing array must not keep it alive
 	k.msgs = k.msgs[1:]
 	p.finish(m, r)
-	if k.waiting {
-		k.waiting = false
+	if k.retrying {
+		k.retrying = false
 		p.c.metrics.Retrying.Sub(float64(len(k.msgs) + 1))
 	}
 	k.retry = nil
@@ -364,7 +365,7 @@ func (p *partition) done(k *key, r billing.Result) {
 		delete(p.keys, k.name)
 		return
 	}
-	p.start(k)
+	p.dispatch(k)
 }
 
 // retryAfter is what an error that leaves a message to retry may say: the
@@ -390,8 +391,8 @@ func (p *partition) retry(k *key, err error, draining bool) {
 	if ra, ok := errors.AsType[retryAfter](err); ok {
 		wait = max(wait, ra.RetryAfter())
 	}
-	if !k.waiting {
-		k.waiting = true
+	if !k.retrying {
+		k.retrying = true
 		p.c.metrics.Retrying.Add(float64(len(k.msgs)))
 	}
 	k.timer = time.AfterFunc(wait, func() { p.inbox.post(answer{due: k}) })
@@ -399,7 +400,7 @@ func (p *partition) retry(k *key, err error, draining bool) {
 	if now := time.Now(); now.Sub(p.lastWarn) >= time.Second {
 		p.c.log.Warn("retrying messages", "topic", p.topic, "partition", p.id,
 			"offset", k.msgs[0].msg.Offset, "trace_id", traceID(k.msgs[0].span), "messages", p.retried,
-			"keys_waiting", p.waitingKeys(), "retry_in", wait, "err", err)
+			"keys_waiting", p.retryingKeys(), "retry_in", wait, "err", err)
 		p.retried, p.lastWarn = 0, now
 	}
 }
@@ -409,13 +410,13 @@ func (p *partition) resume(k *key) {
 	if len(k.msgs) == 0 || k.busy {
 		return
 	}
-	p.start(k)
+	p.dispatch(k)
 }
 
-func (p *partition) waitingKeys() int {
+func (p *partition) retryingKeys() int {
 	n := 0
 	for _, k := range p.keys {
-		if k.waiting {
+		if k.retrying {
 			n++
 		}
 	}
@@ -449,13 +450,13 @@ func (p *partition) drain() {
 	}
 	for name, k := range p.keys {
 		p.abandon(k.msgs)
-		if k.waiting {
+		if k.retrying {
 			p.c.metrics.Retrying.Sub(float64(len(k.msgs)))
 		}
 		delete(p.keys, name)
 	}
 	p.held = nil
-	p.waiting = nil // never taken: neither counted nor marked
+	p.queued = nil // never taken: neither counted nor marked
 }
 
 // finish marks what became committable once m is finished with r (billing
@@ -479,44 +480,13 @@ func (p *partition) finish(m *message, r billing.Result) {
 	}
 	m.span.End()
 
-	// The commit rule: an offset is marked only when it and every offset
-	// before it in the partition are finished (settled, counted, or parked
-	// and acknowledged by the DLQ), so a crash redelivers, never skips.
-	// The tracker says when the lowest unfinished offset moved. It is
-	// marked once the database saved it as the partition's position
-	// (position.go, every second), so that Kafka's commit never passes what
-	// the database knows. Marking is not committing: sarama's auto-commit
-	// (ConsumerConfig: every second, and at the end of a session) commits
-	// what was marked, and KAFKA_COMMIT_EVERY_MESSAGE marks and commits at
-	// once (the benchmark's baseline).
-	if next, ok := p.tracker.finish(m.msg.Offset); ok {
-		p.advance(next)
-	}
+	// The commit rule: an offset is committed only when it and every
+	// offset before it in the partition are finished (settled, counted,
+	// or parked and acknowledged by the DLQ), so a crash redelivers, never
+	// skips. The committer (committer.go) keeps it.
+	p.commit.finish(m.msg.Offset)
 	p.c.bytes.Add(-m.size)
 	<-p.c.tokens
-}
-
-// advance records that every message below next is finished, and marks
-// next (once the database saved it, with Positions).
-func (p *partition) advance(next int64) {
-	p.pos.done.Store(next)
-	if p.c.positions == nil {
-		p.sess.MarkOffset(p.topic, p.id, next, "")
-		if p.c.opts.CommitEveryMessage {
-			p.sess.Commit()
-		}
-	}
-}
-
-// stepTo advances the partition to to, which a fetch showed to follow
-// only transaction markers and aborted records after the finished prefix
-// (markers.go), unless a message read since is unfinished: none of it may
-// be below to, and it is marked when it finishes.
-func (p *partition) stepTo(to int64) {
-	if p.tracker.unfinished() > 0 || p.pos.rewinding.Load() || to <= p.pos.done.Load() {
-		return
-	}
-	p.advance(to)
 }
 
 // attrs are the log attributes of a message: where it is and what it was.
