@@ -90,14 +90,11 @@ func ConsumerConfig(k config.Kafka) (*sarama.Config, error) {
 	cfg.Consumer.Offsets.AutoCommit.Enable = true
 	cfg.Consumer.Offsets.AutoCommit.Interval = time.Second
 	cfg.Consumer.Return.Errors = true
-	// Fetch in small bites, not sarama's 1 MiB per partition: an event is a
-	// few hundred bytes, and what a fetch brought stays in memory, decoded,
-	// until billing has taken it, whether or not the partition is paused:
-	// 128 KiB of zstd batches are ~3,000 events a partition, and at 0 ms
-	// they were the largest part of the live heap (7.3 of 18.8 MB at the
-	// peak), twice that of RSS under GOGC=100. 16 KiB is still a few
-	// hundred events a fetch; a larger batch is still fetched whole
-	// (Fetch.Max is 0).
+	// Fetch in small bites, not sarama's 1 MiB per partition: what a fetch
+	// brought stays in memory, decoded, until billing has taken it, paused
+	// or not, and large fetches were most of the live heap (BENCHMARKS.md,
+	// "Where the RSS went on the lane core"). 16 KiB is still a few hundred events of a few
+	// hundred bytes; a larger batch is still fetched whole (Fetch.Max is 0).
 	cfg.Consumer.Fetch.Default = 16 << 10
 	cfg.Consumer.Fetch.MaxBytes = 2 << 20
 	// Cooperative-sticky: a rebalance moves only the partitions that must

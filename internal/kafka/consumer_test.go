@@ -31,7 +31,7 @@ import (
 	"example.com/billing/internal/testenv/wait"
 )
 
-// These tests exercise the consumer's offset and lane logic against a real
+// These tests exercise the consumer's offset and per-key logic against a real
 // broker over TCP. The processor is a recorder standing in for billing: the
 // database and the provider are not what is under test here.
 
@@ -357,9 +357,9 @@ func TestConsumer_AFailingKeyHoldsOnlyItsOwnMessages(t *testing.T) {
 	}
 }
 
-// A key that fails for a long time must not stop the partition: issue 12
-// found the stuck key's lane queue filling the dispatcher's limit and
-// fetching paused for every key after 1,886 of 4,000 messages.
+// A key that fails for a long time must not stop the partition: the
+// messages behind it must not fill the in-flight limit and pause fetching
+// for every other key.
 func TestConsumer_AStuckKeyDoesNotStopThousandsBehindIt(t *testing.T) {
 	b := kafkatest.Start(t, 1)
 	client := kafkatest.Client(t, b.Addr())

@@ -196,7 +196,7 @@ func TestTracker_MemoryBounded(t *testing.T) {
 	}
 }
 
-// TestTracker_ConcurrentFinish: lanes finish concurrently; in the end every
+// TestTracker_ConcurrentFinish: keys finish concurrently; in the end every
 // offset is committable and the end offset is reported exactly once.
 func TestTracker_ConcurrentFinish(t *testing.T) {
 	t.Parallel()
