@@ -8,8 +8,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
-
-	"example.com/billing/internal/postgres"
 )
 
 // Positions keeps the consumer group's position in each partition in the
@@ -38,41 +36,39 @@ func (s *Positions) Save(ctx context.Context, topic string, offsets map[int32]in
 	if len(offsets) == 0 {
 		return nil, nil
 	}
-	// In partition order, the order the rows are locked in: two savers
-	// cannot deadlock.
+	// One statement, one round trip: its two parts share one snapshot, so
+	// before reads the positions as they were, and the upsert locks the
+	// rows it raises. Each partition's committer saves its own position
+	// (several at once only at a session's end), so savers lock rows in
+	// partition order and cannot deadlock.
 	parts := slices.Sorted(maps.Keys(offsets))
 	next := make(pq.Int64Array, len(parts))
 	for i, p := range parts {
 		next[i] = offsets[p]
 	}
-	const read = `
-SELECT partition, next_offset FROM consumer_position
-WHERE consumer_group = $1 AND topic = $2 AND partition = ANY($3::int4[])
-ORDER BY partition
-FOR UPDATE`
-	const write = `
-INSERT INTO consumer_position (consumer_group, topic, partition, next_offset)
-SELECT $1, $2, p, o FROM unnest($3::int4[], $4::int8[]) AS u(p, o)
-ON CONFLICT (consumer_group, topic, partition) DO UPDATE
-SET next_offset = GREATEST(consumer_position.next_offset, EXCLUDED.next_offset), updated_at = now()`
-	before := make(map[int32]int64, len(offsets))
-	err := postgres.InTx(ctx, s.db, func(tx *sqlx.Tx) error {
-		clear(before)
-		var rows []struct {
-			Partition int32 `db:"partition"`
-			Next      int64 `db:"next_offset"`
-		}
-		if err := tx.SelectContext(ctx, &rows, read, s.group, topic, pq.Int32Array(parts)); err != nil {
-			return err
-		}
-		for _, r := range rows {
-			before[r.Partition] = r.Next
-		}
-		_, err := tx.ExecContext(ctx, write, s.group, topic, pq.Int32Array(parts), next)
-		return err
-	})
+	const save = `
+WITH before AS (
+    SELECT partition, next_offset FROM consumer_position
+    WHERE consumer_group = $1 AND topic = $2 AND partition = ANY($3::int4[])
+), raised AS (
+    INSERT INTO consumer_position (consumer_group, topic, partition, next_offset)
+    SELECT $1, $2, p, o FROM unnest($3::int4[], $4::int8[]) AS u(p, o)
+    ORDER BY p
+    ON CONFLICT (consumer_group, topic, partition) DO UPDATE
+    SET next_offset = GREATEST(consumer_position.next_offset, EXCLUDED.next_offset), updated_at = now()
+)
+SELECT partition, next_offset FROM before`
+	var rows []struct {
+		Partition int32 `db:"partition"`
+		Next      int64 `db:"next_offset"`
+	}
+	err := sqlx.SelectContext(ctx, s.db, &rows, save, s.group, topic, pq.Int32Array(parts), next)
 	if err != nil {
 		return nil, fmt.Errorf("save consumer positions: %w", err)
+	}
+	before := make(map[int32]int64, len(rows))
+	for _, r := range rows {
+		before[r.Partition] = r.Next
 	}
 	return before, nil
 }
