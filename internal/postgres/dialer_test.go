@@ -19,7 +19,7 @@ import (
 func TestOpen_AQueryOnADroppedNetworkFailsInSeconds(t *testing.T) {
 	t.Parallel()
 	proxy := nettest.Forward(t, serverAddr(t))
-	db := open(t, withURL(t, func(u *url.URL) { u.Host = proxy.String() }), 1)
+	db := dbtest.Open(t, withURL(t, func(u *url.URL) { u.Host = proxy.String() }), 1)
 	if _, err := db.Exec(`SELECT 1`); err != nil {
 		t.Fatal(err)
 	}

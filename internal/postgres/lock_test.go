@@ -43,7 +43,7 @@ func TestWithSessionLock(t *testing.T) {
 	ctx := context.Background()
 	const key = postgres.LockDedupRetention
 	// other is another process's session: it sees whether the lock is free.
-	other := open(t, dsn, 1)
+	other := dbtest.Open(t, dsn, 1)
 	free := func() bool {
 		var ok bool
 		if err := other.GetContext(ctx, &ok, `SELECT pg_try_advisory_lock($1)`, int64(key)); err != nil {

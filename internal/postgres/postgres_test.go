@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -18,29 +17,10 @@ import (
 	"example.com/billing/internal/testenv/dbtest"
 )
 
-// open returns a pool on dsn, closed when the test ends.
-func open(t *testing.T, dsn string, maxConns int) *sqlx.DB {
-	t.Helper()
-	db, err := postgres.Open(dsn, maxConns)
-	if err != nil {
-		t.Fatalf("open: %v", err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
-// testCtx bounds a test's database calls, so a lock wait cannot hang it.
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func newTable(t *testing.T, ddl string) *sqlx.DB {
 	t.Helper()
-	db := open(t, dbtest.Empty(t), 4)
-	if _, err := db.ExecContext(testCtx(t), ddl); err != nil {
+	db := dbtest.Open(t, dbtest.Empty(t), 4)
+	if _, err := db.ExecContext(dbtest.Context(t), ddl); err != nil {
 		t.Fatalf("create table: %v", err)
 	}
 	return db
@@ -49,7 +29,7 @@ func newTable(t *testing.T, ddl string) *sqlx.DB {
 func count(t *testing.T, db *sqlx.DB, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := db.GetContext(testCtx(t), &n, q, args...); err != nil {
+	if err := db.GetContext(dbtest.Context(t), &n, q, args...); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n
@@ -61,8 +41,8 @@ func TestInTx(t *testing.T) {
 	t.Run("OK_CommitsOnNil", func(t *testing.T) {
 		t.Parallel()
 		db := newTable(t, `CREATE TABLE item (id int PRIMARY KEY)`)
-		err := postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
-			_, err := tx.ExecContext(testCtx(t), `INSERT INTO item VALUES (1), (2)`)
+		err := postgres.InTx(dbtest.Context(t), db, func(tx *sqlx.Tx) error {
+			_, err := tx.ExecContext(dbtest.Context(t), `INSERT INTO item VALUES (1), (2)`)
 			return err
 		})
 		if err != nil {
@@ -80,8 +60,8 @@ func TestInTx(t *testing.T) {
 		t.Parallel()
 		db := newTable(t, `CREATE TABLE item (id int PRIMARY KEY)`)
 		errBusiness := errors.New("business rule failed")
-		err := postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
-			if _, err := tx.ExecContext(testCtx(t), `INSERT INTO item VALUES (1)`); err != nil {
+		err := postgres.InTx(dbtest.Context(t), db, func(tx *sqlx.Tx) error {
+			if _, err := tx.ExecContext(dbtest.Context(t), `INSERT INTO item VALUES (1)`); err != nil {
 				return err
 			}
 			return fmt.Errorf("charge: %w", errBusiness)
@@ -106,8 +86,8 @@ func TestInTx(t *testing.T) {
 					t.Error("InTx swallowed fn's panic")
 				}
 			}()
-			_ = postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
-				if _, err := tx.ExecContext(testCtx(t), `INSERT INTO item VALUES (1)`); err != nil {
+			_ = postgres.InTx(dbtest.Context(t), db, func(tx *sqlx.Tx) error {
+				if _, err := tx.ExecContext(dbtest.Context(t), `INSERT INTO item VALUES (1)`); err != nil {
 					t.Errorf("insert: %v", err)
 				}
 				panic("boom")
@@ -126,9 +106,9 @@ func TestInTx(t *testing.T) {
 		db := newTable(t, `CREATE TABLE item (id int PRIMARY KEY, code int NOT NULL,
 			CONSTRAINT item_code_unique UNIQUE (code) DEFERRABLE INITIALLY DEFERRED)`)
 		fnDone := false
-		err := postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
+		err := postgres.InTx(dbtest.Context(t), db, func(tx *sqlx.Tx) error {
 			// Both inserts succeed: the check waits for COMMIT.
-			_, err := tx.ExecContext(testCtx(t), `INSERT INTO item VALUES (1, 7), (2, 7)`)
+			_, err := tx.ExecContext(dbtest.Context(t), `INSERT INTO item VALUES (1, 7), (2, 7)`)
 			fnDone = err == nil
 			return err
 		})
@@ -155,20 +135,20 @@ func TestInTx(t *testing.T) {
 			t.Fatal(err)
 		}
 		name := strings.TrimPrefix(u.Path, "/")
-		admin := open(t, dsn, 1)
-		if _, err := admin.ExecContext(testCtx(t), `ALTER DATABASE `+pq.QuoteIdentifier(name)+` SET default_transaction_isolation = 'serializable'`); err != nil {
+		admin := dbtest.Open(t, dsn, 1)
+		if _, err := admin.ExecContext(dbtest.Context(t), `ALTER DATABASE `+pq.QuoteIdentifier(name)+` SET default_transaction_isolation = 'serializable'`); err != nil {
 			t.Fatalf("alter database: %v", err)
 		}
 		admin.Close()
 
-		db := open(t, dsn, 2) // new sessions pick the database default up
+		db := dbtest.Open(t, dsn, 2) // new sessions pick the database default up
 		var def string
-		if err := db.GetContext(testCtx(t), &def, `SHOW default_transaction_isolation`); err != nil || def != "serializable" {
+		if err := db.GetContext(dbtest.Context(t), &def, `SHOW default_transaction_isolation`); err != nil || def != "serializable" {
 			t.Fatalf("default_transaction_isolation = %q (err %v); the test setup did not take", def, err)
 		}
 		var level string
-		err = postgres.InTx(testCtx(t), db, func(tx *sqlx.Tx) error {
-			return tx.GetContext(testCtx(t), &level, `SHOW transaction_isolation`)
+		err = postgres.InTx(dbtest.Context(t), db, func(tx *sqlx.Tx) error {
+			return tx.GetContext(dbtest.Context(t), &level, `SHOW transaction_isolation`)
 		})
 		if err != nil {
 			t.Fatalf("InTx: %v", err)
@@ -206,8 +186,8 @@ func TestIsConfigError(t *testing.T) {
 	t.Parallel()
 	ping := func(t *testing.T, dsn string) error {
 		t.Helper()
-		db := open(t, dsn, 1)
-		err := db.PingContext(testCtx(t))
+		db := dbtest.Open(t, dsn, 1)
+		err := db.PingContext(dbtest.Context(t))
 		if err == nil {
 			t.Fatalf("ping %s succeeded, want an error", postgres.Redact(dsn))
 		}
@@ -231,8 +211,8 @@ func TestIsConfigError(t *testing.T) {
 			return ping(t, withURL(t, func(u *url.URL) { u.Host = "127.0.0.1:" + strconv.Itoa(closedPort(t)) }))
 		}, false},
 		{"OK_SQLErrorIsNot", func(t *testing.T) error {
-			db := open(t, dbtest.ServerURL(t), 1)
-			_, err := db.ExecContext(testCtx(t), `SELEC 1`)
+			db := dbtest.Open(t, dbtest.ServerURL(t), 1)
+			_, err := db.ExecContext(dbtest.Context(t), `SELEC 1`)
 			return err
 		}, false},
 		{"OK_CanceledIsNot", func(t *testing.T) error { return context.Canceled }, false},
@@ -254,21 +234,21 @@ func TestIsConfigError(t *testing.T) {
 // pg_is_in_recovery).
 func TestCheckWritable(t *testing.T) {
 	db, _ := dbtest.New(t)
-	conn, err := db.Connx(testCtx(t))
+	conn, err := db.Connx(dbtest.Context(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if err := postgres.CheckWritable(testCtx(t), conn); err != nil {
+	if err := postgres.CheckWritable(dbtest.Context(t), conn); err != nil {
 		t.Fatalf("a writable database: %v", err)
 	}
-	if _, err := conn.ExecContext(testCtx(t), `SET default_transaction_read_only = on`); err != nil {
+	if _, err := conn.ExecContext(dbtest.Context(t), `SET default_transaction_read_only = on`); err != nil {
 		t.Fatal(err)
 	}
-	if err := postgres.CheckWritable(testCtx(t), conn); err == nil || !strings.Contains(err.Error(), "read-only") {
+	if err := postgres.CheckWritable(dbtest.Context(t), conn); err == nil || !strings.Contains(err.Error(), "read-only") {
 		t.Errorf("read-only sessions: %v, want an error saying so", err)
 	}
-	if _, err := conn.ExecContext(testCtx(t), `RESET default_transaction_read_only`); err != nil {
+	if _, err := conn.ExecContext(dbtest.Context(t), `RESET default_transaction_read_only`); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -115,10 +115,10 @@ func withUpgrade(t *testing.T) fstest.MapFS {
 func TestMigrate_AContractWaitsForTheOlderReplicas(t *testing.T) {
 	db, _ := dbtest.New(t)
 	old := schema.Replica{Instance: uuid.Must(uuid.NewV4()), Release: "v1", Host: "pod-a", Schema: schema.Oldest, Oldest: schema.Oldest}
-	if err := schema.Register(testCtx(t), db, old); err != nil {
+	if err := schema.Register(dbtest.Context(t), db, old); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := schema.MigrateFS(testCtx(t), db.DB, withUpgrade(t), discard())
+	rep, err := schema.MigrateFS(dbtest.Context(t), db.DB, withUpgrade(t), discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestMigrate_AContractWaitsForTheOlderReplicas(t *testing.T) {
 	if len(rep.Applied) != 1 || rep.Applied[0] != 10001 || len(rep.Pending) != 1 || !errors.As(rep.Refused, &older) || older.Replicas[0].Instance != old.Instance {
 		t.Fatalf("applied %v, pending %v, refused %v: want the expand applied, the contract refused for replica %s", rep.Applied, rep.Pending, rep.Refused, old.Instance)
 	}
-	st, err := schema.ReadStatus(testCtx(t), db)
+	st, err := schema.ReadStatus(dbtest.Context(t), db)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,15 +140,15 @@ func TestMigrate_AContractWaitsForTheOlderReplicas(t *testing.T) {
 		t.Errorf("billing_contract with an older replica alive: %v, want object_in_use", err)
 	}
 
-	if err := schema.Stop(testCtx(t), db, old.Instance); err != nil {
+	if err := schema.Stop(dbtest.Context(t), db, old.Instance); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err = schema.MigrateFS(testCtx(t), db.DB, withUpgrade(t), discard()); err != nil || len(rep.Applied) != 1 || rep.Applied[0] != 10002 || rep.Refused != nil {
+	if rep, err = schema.MigrateFS(dbtest.Context(t), db.DB, withUpgrade(t), discard()); err != nil || len(rep.Applied) != 1 || rep.Applied[0] != 10002 || rep.Refused != nil {
 		t.Fatalf("once the old replica stopped: applied %v, refused %v, %v; want the contract applied", rep.Applied, rep.Refused, err)
 	}
 	again := old
 	again.Instance = uuid.Must(uuid.NewV4())
-	if err := schema.Register(testCtx(t), db, again); err == nil || !strings.Contains(err.Error(), "schema 10001 and newer only") {
+	if err := schema.Register(dbtest.Context(t), db, again); err == nil || !strings.Contains(err.Error(), "schema 10001 and newer only") {
 		t.Errorf("an older release registering after the contract: %v, want a refusal naming the schema's floor", err)
 	}
 }
@@ -158,22 +158,22 @@ func TestMigrate_AContractWaitsForTheOlderReplicas(t *testing.T) {
 func TestAlive_AReplicaGoneQuietIsGoneAfter30s(t *testing.T) {
 	db, _ := dbtest.New(t)
 	r := schema.Replica{Instance: uuid.Must(uuid.NewV4()), Release: "v1", Host: "pod-b", Schema: schema.Oldest, Oldest: schema.Oldest}
-	if err := schema.Register(testCtx(t), db, r); err != nil {
+	if err := schema.Register(dbtest.Context(t), db, r); err != nil {
 		t.Fatal(err)
 	}
-	if alive, err := schema.Alive(testCtx(t), db); err != nil || len(alive) != 1 {
+	if alive, err := schema.Alive(dbtest.Context(t), db); err != nil || len(alive) != 1 {
 		t.Fatalf("alive %v, %v: want the replica", alive, err)
 	}
 	if _, err := db.Exec(`UPDATE billing_replica SET heartbeat_at = now() - interval '31 seconds'`); err != nil {
 		t.Fatal(err)
 	}
-	if alive, err := schema.Alive(testCtx(t), db); err != nil || len(alive) != 0 {
+	if alive, err := schema.Alive(dbtest.Context(t), db); err != nil || len(alive) != 0 {
 		t.Errorf("alive %v, %v: want none 31 s after the last heartbeat", alive, err)
 	}
-	if _, err := schema.Heartbeat(testCtx(t), db, r.Instance); err != nil {
+	if _, err := schema.Heartbeat(dbtest.Context(t), db, r.Instance); err != nil {
 		t.Fatal(err)
 	}
-	if alive, _ := schema.Alive(testCtx(t), db); len(alive) != 1 || time.Since(alive[0].Heartbeat) > 10*time.Second {
+	if alive, _ := schema.Alive(dbtest.Context(t), db); len(alive) != 1 || time.Since(alive[0].Heartbeat) > 10*time.Second {
 		t.Errorf("alive %v after a heartbeat: want it again", alive)
 	}
 }

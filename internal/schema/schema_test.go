@@ -1,7 +1,6 @@
 package schema_test
 
 import (
-	"context"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -16,29 +15,9 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"example.com/billing/db/migrations"
-	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
 	"example.com/billing/internal/testenv/dbtest"
 )
-
-// open returns a pool on dsn, closed when the test ends.
-func open(t *testing.T, dsn string, maxConns int) *sqlx.DB {
-	t.Helper()
-	db, err := postgres.Open(dsn, maxConns)
-	if err != nil {
-		t.Fatalf("open: %v", err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
-// testCtx bounds a test's database calls, so a lock wait cannot hang it.
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
@@ -46,7 +25,7 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 // were.
 func migrate(t *testing.T, db *sqlx.DB) schema.Report {
 	t.Helper()
-	rep, err := schema.Migrate(testCtx(t), db.DB, discard())
+	rep, err := schema.Migrate(dbtest.Context(t), db.DB, discard())
 	if err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
@@ -59,7 +38,7 @@ func migrate(t *testing.T, db *sqlx.DB) schema.Report {
 func count(t *testing.T, db *sqlx.DB, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := db.GetContext(testCtx(t), &n, q, args...); err != nil {
+	if err := db.GetContext(dbtest.Context(t), &n, q, args...); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n
@@ -95,7 +74,7 @@ type versionRow struct {
 func versionRows(t *testing.T, db *sqlx.DB) []versionRow {
 	t.Helper()
 	var rows []versionRow
-	if err := db.SelectContext(testCtx(t), &rows, `SELECT id, version_id, is_applied, tstamp FROM goose_db_version ORDER BY id`); err != nil {
+	if err := db.SelectContext(dbtest.Context(t), &rows, `SELECT id, version_id, is_applied, tstamp FROM goose_db_version ORDER BY id`); err != nil {
 		t.Fatalf("read goose_db_version: %v", err)
 	}
 	return rows
@@ -119,7 +98,7 @@ func checkAppliedOnce(t *testing.T, db *sqlx.DB) {
 	}
 	for _, table := range []string{"processed_event", "charge"} {
 		var exists bool
-		if err := db.GetContext(testCtx(t), &exists, `SELECT to_regclass($1) IS NOT NULL`, table); err != nil || !exists {
+		if err := db.GetContext(dbtest.Context(t), &exists, `SELECT to_regclass($1) IS NOT NULL`, table); err != nil || !exists {
 			t.Errorf("table %s missing after Migrate (err %v)", table, err)
 		}
 	}
@@ -130,7 +109,7 @@ func TestMigrate(t *testing.T) {
 
 	t.Run("OK_SecondRunIsNoop", func(t *testing.T) {
 		t.Parallel()
-		db := open(t, dbtest.Empty(t), 2)
+		db := dbtest.Open(t, dbtest.Empty(t), 2)
 		migrate(t, db)
 		checkAppliedOnce(t, db)
 		before := versionRows(t, db)
@@ -148,7 +127,7 @@ func TestMigrate(t *testing.T) {
 		// One pool per run, as six pods would have.
 		pools := make([]*sqlx.DB, runs)
 		for i := range pools {
-			pools[i] = open(t, dsn, 2)
+			pools[i] = dbtest.Open(t, dsn, 2)
 		}
 		start := make(chan struct{})
 		errs := make([]error, runs)
@@ -156,7 +135,7 @@ func TestMigrate(t *testing.T) {
 		for i, db := range pools {
 			wg.Go(func() {
 				<-start
-				_, errs[i] = schema.Migrate(testCtx(t), db.DB, discard())
+				_, errs[i] = schema.Migrate(dbtest.Context(t), db.DB, discard())
 			})
 		}
 		close(start)
@@ -188,15 +167,15 @@ func TestSchemaVersion(t *testing.T) {
 		t.Errorf("Version() = %d, want %d, the version of the last migration (%s)", want, last, names[len(names)-1])
 	}
 
-	db := open(t, dbtest.Empty(t), 2)
-	if got, err := schema.Current(testCtx(t), db); err != nil || got != 0 {
+	db := dbtest.Open(t, dbtest.Empty(t), 2)
+	if got, err := schema.Current(dbtest.Context(t), db); err != nil || got != 0 {
 		t.Errorf("SchemaVersion of an empty database = %d, %v; want 0", got, err)
 	}
 	if n := count(t, db, `SELECT count(*) FROM pg_tables WHERE tablename = 'goose_db_version'`); n != 0 {
 		t.Errorf("SchemaVersion created goose's table")
 	}
 	migrate(t, db)
-	if got, err := schema.Current(testCtx(t), db); err != nil || got != want {
+	if got, err := schema.Current(dbtest.Context(t), db); err != nil || got != want {
 		t.Errorf("SchemaVersion after Migrate = %d, %v; want %d", got, err, want)
 	}
 }

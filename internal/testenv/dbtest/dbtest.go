@@ -120,17 +120,32 @@ func (w withServer) Run() int {
 func New(t testing.TB) (*sqlx.DB, string) {
 	t.Helper()
 	dsn := Empty(t)
-	db, err := postgres.Open(dsn, 20)
-	if err != nil {
-		t.Fatalf("open test database: %v", err)
-	}
-	t.Cleanup(func() { db.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := schema.Migrate(ctx, db.DB, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	db := Open(t, dsn, 20)
+	if _, err := schema.Migrate(Context(t), db.DB, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatalf("migrate test database: %v", err)
 	}
 	return db, dsn
+}
+
+// Open returns a pool of at most maxConns connections on dsn, closed when
+// t ends.
+func Open(t testing.TB, dsn string, maxConns int) *sqlx.DB {
+	t.Helper()
+	db, err := postgres.Open(dsn, maxConns)
+	if err != nil {
+		t.Fatalf("open %s: %v", postgres.Redact(dsn), err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// Context bounds a test's database calls to a minute, so that a lock wait
+// fails the test instead of hanging it.
+func Context(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // Empty creates an empty database for t and returns its URL.
