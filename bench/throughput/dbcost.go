@@ -69,7 +69,7 @@ func beginDB(ctx context.Context, pg *pgCluster) (*dbWindow, error) {
 	if pg == nil {
 		return nil, nil
 	}
-	ctl, err := postgres.Open(pg.url("postgres"), 2)
+	ctl, err := postgres.Open(pg.URL("postgres"), 2)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +187,7 @@ func (w *dbWindow) end(ctx context.Context, dbName string, detail bool) (dbCost,
 	if !detail {
 		return c, nil
 	}
-	if c.byRelation, err = walByRelation(ctx, w.ctl, w.pg.url(dbName), w.start, stop); err != nil {
+	if c.byRelation, err = walByRelation(ctx, w.ctl, w.pg.URL(dbName), w.start, stop); err != nil {
 		return c, err
 	}
 	if c.vacuum, c.vacuumFPI, err = w.vacuum(ctx, dbName); err != nil {
@@ -199,7 +199,7 @@ func (w *dbWindow) end(ctx context.Context, dbName string, detail bool) (dbCost,
 // vacuum runs VACUUM on billing's tables in dbName and returns the WAL it
 // wrote and the full-page images among it.
 func (w *dbWindow) vacuum(ctx context.Context, dbName string) (wal, fpi int64, err error) {
-	db, err := postgres.Open(w.pg.url(dbName), 1)
+	db, err := postgres.Open(w.pg.URL(dbName), 1)
 	if err != nil {
 		return 0, 0, err
 	}

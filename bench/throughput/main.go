@@ -273,9 +273,9 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("the benchmark's PostgreSQL cluster: %w", err)
 		}
-		defer pg.close()
-		opts.pg, opts.server = pg, pg.url("postgres")
-		fmt.Printf("PostgreSQL: the benchmark's own cluster on 127.0.0.1:%d (%s), %s\n", pg.port, pg.dir, strings.Join(pgSettings[2:], " "))
+		defer pg.Close()
+		opts.pg, opts.server = pg, pg.URL("postgres")
+		fmt.Printf("PostgreSQL %s: the benchmark's own cluster on 127.0.0.1:%d (%s), %s\n", pg.Binaries.Version, pg.Port, pg.Dir(), strings.Join(pgSettings, " "))
 	} else {
 		fmt.Printf("PostgreSQL: %s, shared: no database cost measured\n", redact.DSN(opts.server))
 	}

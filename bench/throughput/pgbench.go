@@ -147,7 +147,7 @@ func runSQLBench(server string, pg *pgCluster, d time.Duration, b sqlBench) (res
 	if err != nil {
 		return r, err
 	}
-	out, err := exec.Command(pgBin("pgbench"), "-n", "-M", "prepared", "-c", "16", "-j", "2",
+	out, err := exec.Command(pg.program("pgbench"), "-n", "-M", "prepared", "-c", "16", "-j", "2",
 		"-T", strconv.Itoa(int(d.Seconds())), "-f", script, dsn).CombinedOutput()
 	if err != nil {
 		return r, fmt.Errorf("%w\n%s", err, out)

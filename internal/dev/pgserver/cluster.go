@@ -256,6 +256,12 @@ func (c *Cluster) URL(name string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.Port, name)
 }
 
+// Pid is the postmaster's process id.
+func (c *Cluster) Pid() int { return c.cmd.Process.Pid }
+
+// Dir is the cluster's directory (its data and its log, postgres.log).
+func (c *Cluster) Dir() string { return c.dir }
+
 // Close stops the cluster (fast shutdown: sessions are cut off) and removes
 // its directory.
 func (c *Cluster) Close() error {
