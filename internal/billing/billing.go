@@ -343,32 +343,6 @@ func (p *Processor) Submit(ctx context.Context, m Message, done func(Result, err
 	}
 }
 
-// Process submits msgs together and waits for their results, in order,
-// with the reasons of those left Pending joined. Events of one order are
-// claimed in the order given.
-func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, error) {
-	results := make([]Result, len(msgs))
-	errs := make([]error, len(msgs))
-	var wg sync.WaitGroup
-	wg.Add(len(msgs))
-	var claim []*job
-	for i, m := range msgs {
-		j := p.newJob(ctx, m, func(r Result, err error) { results[i], errs[i] = r, err; wg.Done() })
-		if j.res.Outcome == Parked && !j.res.announced() {
-			j.finish(nil)
-			continue
-		}
-		claim = append(claim, j)
-	}
-	if !p.claims.push(claim...) { // one push: one writer takes them in order
-		for _, j := range claim {
-			j.finish(ErrStopped)
-		}
-	}
-	wg.Wait()
-	return results, errors.Join(uniqueErrors(errs)...)
-}
-
 // The round: a job is claimed (claim.go); follow sends it on to the call
 // of the attempt it needs (charge.go); once that call is settled
 // (settle.go), decide finishes the job or claims it again.
@@ -408,7 +382,7 @@ func (p *Processor) follow(ctx context.Context, jobs []*job, pl *plan) {
 	// are left to their own events and to maintenance.
 	p.skipSettled(ctx, order)
 	for _, c := range order {
-		p.start(ctx, c)
+		p.send(ctx, c)
 	}
 }
 
@@ -498,20 +472,6 @@ func (j *job) gone() error {
 		return errFenced
 	}
 	return nil
-}
-
-// uniqueErrors drops nils and repeats of one error: a batch left pending by
-// one outage reports it once.
-func uniqueErrors(errs []error) []error {
-	var out []error
-	seen := map[error]bool{}
-	for _, err := range errs {
-		if err != nil && !seen[err] {
-			seen[err] = true
-			out = append(out, err)
-		}
-	}
-	return out
 }
 
 // counter is the charge.counted_by value of m's tries in this process.

@@ -18,12 +18,12 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"example.com/billing/internal/billing"
+	"example.com/billing/internal/daytable"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/testenv/dbtest"
 )
@@ -441,7 +441,7 @@ func TestProcess_EventOfADayWithoutPartitionIsStillProcessed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	day := partition.Day(id).Format("20060102")
+	day := daytable.Day(id).Format("20060102")
 	// As if maintenance had never created that day's partition.
 	if _, err := f.db.Exec(`DROP TABLE processed_event_p` + day); err != nil {
 		t.Fatal(err)
@@ -519,7 +519,7 @@ func TestProcess_EventOfADroppedDayIsParkedNotChargedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	day := partition.Day(id)
+	day := daytable.Day(id)
 	if _, err := f.db.Exec(`INSERT INTO processed_event_horizon (dropped_before) VALUES ($1)`, day.AddDate(0, 0, 1)); err != nil {
 		t.Fatal(err)
 	}

@@ -73,24 +73,22 @@ type call struct {
 	// settledHere: the settle moved the attempt out of pending; otherwise
 	// another worker recorded the answer first.
 	settledHere bool
-	// settled is closed once the call's settle is over, recorded or not.
-	settled chan struct{}
 }
 
 func newCall(a charge.Row, fromRow bool) *call {
-	return &call{a: a, fromRow: fromRow, settled: make(chan struct{})}
+	return &call{a: a, fromRow: fromRow}
 }
 
-// start runs phase 2 for c: its request, with no transaction open, as soon
+// send runs phase 2 for c: its request, with no transaction open, as soon
 // as the payment client has a slot (PAYMENT_MAX_CONCURRENCY,
 // PAYMENT_MAX_RPS); the answer goes to a settle. The request is sent only
 // if one of c's waiters still wants it then (wanted), and runs under ctx,
 // the processor's, not a waiter's: once sent, it is answered and settled
 // whatever becomes of the messages (a partition revoked, a shutdown within
 // its drain). An attempt this process is already completing is not asked
-// twice: c's waiters wait for that call instead. start reports whether c
+// twice: c's waiters wait for that call instead. send reports whether c
 // itself went on.
-func (p *Processor) start(ctx context.Context, c *call) bool {
+func (p *Processor) send(ctx context.Context, c *call) bool {
 	if !p.activate(c) {
 		return false
 	}
@@ -173,7 +171,6 @@ func (p *Processor) abandon(c *call, err error) {
 	for _, j := range waiters {
 		j.finish(err)
 	}
-	close(c.settled)
 }
 
 // skipSettled marks the calls of attempts that were read pending but are

@@ -16,14 +16,9 @@ import (
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/outbox"
+	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/tracing"
 )
-
-// orderLockSpace is the first key of billing's two-key advisory locks
-// ("bill"), so that they never collide with one-key locks such as the
-// migration lock. The second key is hashint8(order_id): two orders that share
-// a hash only wait for each other.
-const orderLockSpace = 0x62696c6c
 
 // plan is what one claim decided: the attempts to complete, and which
 // attempt each undecided event waits for.
@@ -296,7 +291,7 @@ func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce
 	}
 	// The failures of the events parked for a reason of their own, under
 	// their orders' locks: announced in the order recorded.
-	var failures []outbox.Outcome
+	var failures []outbox.Event
 	for _, j := range announce {
 		failures = append(failures, c.p.failureOf(j.res))
 	}
@@ -310,8 +305,8 @@ func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce
 
 // failureOf is the payment.failed.v1 outcome of an event parked for a
 // reason of its own.
-func (p *Processor) failureOf(r Result) outbox.Outcome {
-	o := outbox.NewOutcome(outbox.Failed, r.Event, string(r.Reason.Code), p.now())
+func (p *Processor) failureOf(r Result) outbox.Event {
+	o := outbox.NewEvent(outbox.Failed, r.Event, string(r.Reason.Code), p.now())
 	o.Traceparent = tracing.Traceparent(r.trace)
 	return o
 }
@@ -363,6 +358,9 @@ func (p *Processor) count(ctx context.Context, tx *sqlx.Tx, jobs []*job, decided
 	return nil
 }
 
+// lockOrders takes the transaction locks of orderIDs
+// (postgres.OrderLockSpace, hashint8(order_id)): two orders that share a
+// hash only wait for each other.
 func lockOrders(ctx context.Context, tx *sqlx.Tx, orderIDs []int64) error {
 	// ORDER BY at the top level: PostgreSQL evaluates a volatile function of
 	// the select list after sorting, so the locks are taken in key order
@@ -371,7 +369,7 @@ func lockOrders(ctx context.Context, tx *sqlx.Tx, orderIDs []int64) error {
 SELECT pg_advisory_xact_lock($1, h)
 FROM (SELECT DISTINCT hashint8(id) AS h FROM unnest($2::int8[]) AS id) AS keys
 ORDER BY h`
-	if _, err := tx.ExecContext(ctx, q, orderLockSpace, pq.Int64Array(orderIDs)); err != nil {
+	if _, err := tx.ExecContext(ctx, q, postgres.OrderLockSpace, pq.Int64Array(orderIDs)); err != nil {
 		return fmt.Errorf("lock orders: %w", err)
 	}
 	return nil

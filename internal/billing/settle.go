@@ -3,26 +3,18 @@ package billing
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jmoiron/sqlx"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/charge"
-	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
-	"example.com/billing/internal/partition"
 	"example.com/billing/internal/payment"
-	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/tracing"
 )
 
@@ -65,7 +57,6 @@ func (p *Processor) settleBatch(ctx context.Context, calls []*call) (unsettled [
 		for _, j := range waiters {
 			p.decide(c, j)
 		}
-		close(c.settled)
 	}
 	return nil
 }
@@ -134,10 +125,10 @@ func (p *Processor) settle(ctx context.Context, calls []*call) error {
 		}
 		// The outcome is announced with the settle that records it, once:
 		// only this transaction moved these attempts out of pending.
-		var outcomes []outbox.Outcome
+		var outcomes []outbox.Event
 		for id, status := range changed {
 			if status != charge.Pending {
-				outcomes = append(outcomes, p.outcomeOf(byID[id], status))
+				outcomes = append(outcomes, p.announcement(byID[id], status))
 			}
 		}
 		if err := outbox.Record(ctx, tx, outcomes); err != nil {
@@ -162,9 +153,9 @@ func (p *Processor) settle(ctx context.Context, calls []*call) error {
 	return nil
 }
 
-// outcomeOf is the payment outcome event of c's attempt, settled here as
+// announcement is the payment outcome event of c's attempt, settled here as
 // status.
-func (p *Processor) outcomeOf(c *call, status string) outbox.Outcome {
+func (p *Processor) announcement(c *call, status string) outbox.Event {
 	a := c.a
 	ev := order.Event{ID: a.EventID, OrderID: a.OrderID, CustomerID: a.CustomerID,
 		Amount: order.Money{Minor: a.Amount, Currency: a.Currency}}
@@ -173,7 +164,7 @@ func (p *Processor) outcomeOf(c *call, status string) outbox.Outcome {
 	if status == charge.Rejected {
 		why = string(reason.ProviderRejected)
 	}
-	o := outbox.NewOutcome(typ, ev, why, p.now())
+	o := outbox.NewEvent(typ, ev, why, p.now())
 	switch status {
 	case charge.Succeeded:
 		o.ProviderChargeID = c.charge.ID
@@ -186,86 +177,4 @@ func (p *Processor) outcomeOf(c *call, status string) outbox.Outcome {
 	}
 	o.Traceparent = tracing.Traceparent(sc)
 	return o
-}
-
-// inTx runs fn in a transaction of phase, traced below the events' spans and
-// timed in billing_db_transaction_seconds. When a row fell on a day whose
-// partition does not exist (maintenance has not run; a late event), it
-// creates the partitions and runs fn once more: every write of the
-// pipeline heals that one way.
-func (p *Processor) inTx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
-	err := p.tx(ctx, phase, spans, fn)
-	var missing *partition.MissingError
-	if !errors.As(err, &missing) {
-		return err
-	}
-	if err := p.createPartitions(ctx, missing); err != nil {
-		return err
-	}
-	return p.tx(ctx, phase, spans, fn)
-}
-
-// createPartitions creates the partitions missing's rows need. A day of
-// processed_event that retention dropped is not created again: an event of
-// that day could be a duplicate whose record is gone, and the claim parks
-// it (droppedError).
-func (p *Processor) createPartitions(ctx context.Context, missing *partition.MissingError) error {
-	ids := missing.IDs
-	if missing.Table == dedup.Table {
-		droppedBefore, err := dedup.DroppedBefore(ctx, p.db)
-		if err != nil {
-			return err
-		}
-		dropped := &droppedError{before: droppedBefore}
-		ids = slices.DeleteFunc(slices.Clone(ids), func(id uuid.UUID) bool {
-			if partition.Day(id).Before(droppedBefore) {
-				dropped.ids = append(dropped.ids, id)
-				return true
-			}
-			return false
-		})
-		if len(dropped.ids) > 0 {
-			return dropped
-		}
-	}
-	p.log.Warn("a table has no partition for a row's day; creating it (is `billing maintain` running?)", "table", missing.Table)
-	return missing.Table.EnsureFor(ctx, p.db, ids)
-}
-
-// droppedError: events fall on days whose dedup records retention dropped.
-type droppedError struct {
-	ids    []uuid.UUID
-	before time.Time // the store remembers from this day on
-}
-
-func (e *droppedError) Error() string {
-	return fmt.Sprintf("%d events fall on days whose dedup records were dropped (before %s)", len(e.ids), e.before.Format(time.DateOnly))
-}
-
-// tx runs fn in one transaction of phase, traced and timed.
-func (p *Processor) tx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
-	links := make([]trace.Link, 0, len(spans))
-	for _, sc := range spans {
-		links = append(links, trace.Link{SpanContext: sc})
-	}
-	var parent trace.SpanContext
-	if len(spans) > 0 {
-		parent = spans[0]
-	}
-	// One transaction serves many events: its span hangs below the first
-	// one's and links to all of them.
-	ctx, span := p.tracer.Start(trace.ContextWithSpanContext(ctx, parent), "billing "+phase,
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
-		trace.WithAttributes(semconv.DBSystemNamePostgreSQL, attribute.Int("billing.events", len(spans))))
-	defer span.End()
-	started := time.Now()
-	err := postgres.InTx(ctx, p.db, fn)
-	p.metrics.Transaction.WithLabelValues(phase).Observe(time.Since(started).Seconds())
-	p.writes.Observe(err)
-	if err != nil {
-		p.metrics.DBErrors.WithLabelValues(postgres.SQLState(err)).Inc()
-		span.RecordError(err)
-		span.SetStatus(codes.Error, "rolled back")
-	}
-	return err
 }

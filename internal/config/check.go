@@ -314,9 +314,9 @@ func (l *Log) Validate() error {
 }
 
 // normalize derives MAX_IN_FLIGHT's default from the provider's
-// concurrency: every provider slot busy and as many messages queued behind
-// them, so that lanes find full batches waiting, which is what makes a
-// transaction carry many events.
+// concurrency: every provider slot busy and as many messages taken behind
+// them, so that the claim and settle writers find many events waiting,
+// which is what makes a transaction carry many events.
 func (s *Serve) normalize() {
 	if s.Consumer.MaxInFlight == 0 {
 		s.Consumer.MaxInFlight = 2 * s.Payment.MaxConcurrency

@@ -20,7 +20,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"example.com/billing/internal/partition"
+	"example.com/billing/internal/daytable"
 )
 
 // Verdict says whether an event is seen for the first time.
@@ -77,7 +77,7 @@ func NewStore(group string) *Store {
 
 // Claim records entries as processed inside tx and returns a verdict for
 // each, in order. When an entry's day has no partition it returns a
-// *partition.MissingError. An id that appears twice in entries is First once, then
+// *daytable.MissingError. An id that appears twice in entries is First once, then
 // Seen or Mismatch.
 //
 // The insert uses ON CONFLICT DO NOTHING on the primary key and RETURNING to
@@ -199,4 +199,4 @@ func queryIDs(ctx context.Context, tx *sqlx.Tx, q string, args ...any) (map[uuid
 }
 
 // Table is processed_event, partitioned by the day of the event id.
-const Table = partition.Table("processed_event")
+const Table = daytable.Table("processed_event")

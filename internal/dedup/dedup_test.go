@@ -15,9 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"example.com/billing/internal/daytable"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/partition"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/testenv/dbtest"
 )
@@ -133,7 +133,7 @@ func TestClaim_LateDuplicateOfAnOldDayIsDetected(t *testing.T) {
 	if err := db.Get(&stored, `SELECT tableoid::regclass::text FROM processed_event WHERE event_id = $1`, old.ID); err != nil {
 		t.Fatal(err)
 	}
-	if want := "processed_event_p" + partition.Day(old.ID).Format("20060102"); stored != want {
+	if want := "processed_event_p" + daytable.Day(old.ID).Format("20060102"); stored != want {
 		t.Errorf("stored in %s, want %s", stored, want)
 	}
 }
@@ -329,7 +329,7 @@ func TestRetention_ADroppedDayIsNeverRecreated(t *testing.T) {
 	if _, err := dedup.NewRetention(db, 30*24*time.Hour, 3, m, log).Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	name := "processed_event_p" + partition.Day(old).Format("20060102")
+	name := "processed_event_p" + daytable.Day(old).Format("20060102")
 	if slices.Contains(partitionNames(t, db), name) {
 		t.Errorf("%s was recreated after it was dropped", name)
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"example.com/billing/internal/daytable"
 	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/partition"
 	"example.com/billing/internal/postgres"
 )
 
@@ -55,7 +55,7 @@ type Report struct {
 func (r *Retention) Run(ctx context.Context) (Report, error) {
 	now := r.now().UTC()
 	rep := Report{Horizon: now.Add(-r.keep)}
-	ran, err := partition.Exclusive(ctx, r.db, postgres.LockDedupRetention, func(conn *sqlx.Conn) error {
+	ran, err := daytable.Exclusive(ctx, r.db, postgres.LockDedupRetention, func(conn *sqlx.Conn) error {
 		return r.run(ctx, conn, now, &rep)
 	})
 	rep.Skipped = !ran
@@ -100,7 +100,7 @@ func (r *Retention) run(ctx context.Context, conn *sqlx.Conn, now time.Time, rep
 		if err := Table.Ensure(ctx, conn, day); err != nil {
 			return err
 		}
-		existing[name] = partition.Info{Day: day}
+		existing[name] = daytable.Info{Day: day}
 		rep.Created = append(rep.Created, name)
 	}
 
@@ -140,7 +140,7 @@ ON CONFLICT (only_row) DO UPDATE SET dropped_before = greatest(processed_event_h
 	return nil
 }
 
-func hasDayBefore(ps map[string]partition.Info, day time.Time) bool {
+func hasDayBefore(ps map[string]daytable.Info, day time.Time) bool {
 	for _, p := range ps {
 		if p.Day.Before(day) {
 			return true

@@ -25,8 +25,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"example.com/billing/internal/daytable"
 	"example.com/billing/internal/order"
-	"example.com/billing/internal/partition"
 )
 
 // Event types of payment outcome events.
@@ -40,12 +40,14 @@ const (
 )
 
 // Table is the outbox table, partitioned by the day of the outcome's id.
-const Table = partition.Table("outbox")
+const Table = daytable.Table("outbox")
 
-// Outcome is one payment outcome event.
-type Outcome struct {
+// Event is one payment outcome event (payment.succeeded.v1,
+// payment.declined.v1, payment.failed.v1), as recorded and published. Not
+// to be confused with billing.Outcome, what became of a consumed message.
+type Event struct {
 	// EventID is the outcome event's own id, a UUID v7 derived from the
-	// outcome (OutcomeID); NewOutcome sets it.
+	// outcome (OutcomeID); NewEvent sets it.
 	EventID uuid.UUID
 	Type    string
 	// OccurredAt is when the outcome was recorded.
@@ -62,10 +64,10 @@ type Outcome struct {
 	Traceparent string
 }
 
-// NewOutcome returns the outcome of type typ (with reason, the DLQ reason
+// NewEvent returns the outcome event of type typ (with reason, the DLQ reason
 // code, for Failed) of the order event ev, recorded now.
-func NewOutcome(typ string, ev order.Event, reason string, now time.Time) Outcome {
-	return Outcome{EventID: OutcomeID(ev.ID, typ, reason), Type: typ, OccurredAt: now.UTC(), CausationID: ev.ID,
+func NewEvent(typ string, ev order.Event, reason string, now time.Time) Event {
+	return Event{EventID: OutcomeID(ev.ID, typ, reason), Type: typ, OccurredAt: now.UTC(), CausationID: ev.ID,
 		OrderID: ev.OrderID, CustomerID: ev.CustomerID, Amount: ev.Amount, Reason: reason}
 }
 
@@ -98,7 +100,7 @@ func OutcomeID(cause uuid.UUID, typ, reason string) uuid.UUID {
 // number with exactly the currency's minor-unit digits (never a float),
 // occurredAt in RFC 3339, and providerChargeId, declineCode and reason only
 // when set.
-func (o Outcome) MarshalJSON() ([]byte, error) {
+func (o Event) MarshalJSON() ([]byte, error) {
 	b := make([]byte, 0, 320)
 	b = append(b, `{"eventId":"`...)
 	b = append(b, o.EventID.String()...)
@@ -132,7 +134,7 @@ func (o Outcome) MarshalJSON() ([]byte, error) {
 // default partition (see Retention). An outcome already recorded (the same id: a
 // parked message delivered again announces its failure once; a refused
 // request refused again is the same fact) is not recorded twice.
-func Record(ctx context.Context, tx *sqlx.Tx, outcomes []Outcome) error {
+func Record(ctx context.Context, tx *sqlx.Tx, outcomes []Event) error {
 	if len(outcomes) == 0 {
 		return nil
 	}

@@ -37,22 +37,22 @@ func TestOutcome_MarshalJSON(t *testing.T) {
 	id := uuid.Must(uuid.FromString("01938d2e-7c4a-7b1e-9f00-000000000001"))
 	cause := uuid.Must(uuid.FromString("01938d2e-7c4a-7b1e-9f00-000000000002"))
 	at := time.Date(2026, 12, 3, 10, 0, 0, 123000000, time.UTC)
-	base := outbox.Outcome{EventID: id, OccurredAt: at, CausationID: cause, OrderID: 42, CustomerID: 7}
+	base := outbox.Event{EventID: id, OccurredAt: at, CausationID: cause, OrderID: 42, CustomerID: 7}
 	tests := []struct {
 		name string
-		o    outbox.Outcome
+		o    outbox.Event
 		want string
 	}{
-		{"OK_SucceededEUR", with(base, func(o *outbox.Outcome) {
+		{"OK_SucceededEUR", with(base, func(o *outbox.Event) {
 			o.Type, o.Amount, o.ProviderChargeID = outbox.Succeeded, order.Money{Minor: 1010, Currency: "EUR"}, "ch_1"
 		}), `"eventType":"payment.succeeded.v1","occurredAt":"2026-12-03T10:00:00.123Z","causationId":"01938d2e-7c4a-7b1e-9f00-000000000002","orderId":42,"customerId":7,"totalAmount":10.10,"currency":"EUR","providerChargeId":"ch_1"}`},
-		{"OK_DeclinedJPYWithCode", with(base, func(o *outbox.Outcome) {
+		{"OK_DeclinedJPYWithCode", with(base, func(o *outbox.Event) {
 			o.Type, o.Amount, o.DeclineCode = outbox.Declined, order.Money{Minor: 1500, Currency: "JPY"}, "insufficient_funds"
 		}), `"totalAmount":1500,"currency":"JPY","declineCode":"insufficient_funds"}`},
-		{"OK_DeclinedWithoutCode", with(base, func(o *outbox.Outcome) {
+		{"OK_DeclinedWithoutCode", with(base, func(o *outbox.Event) {
 			o.Type, o.Amount = outbox.Declined, order.Money{Minor: 5, Currency: "EUR"}
 		}), `"totalAmount":0.05,"currency":"EUR"}`},
-		{"OK_FailedKWD", with(base, func(o *outbox.Outcome) {
+		{"OK_FailedKWD", with(base, func(o *outbox.Event) {
 			o.Type, o.Amount, o.Reason = outbox.Failed, order.Money{Minor: 12345, Currency: "KWD"}, "stale-event"
 		}), `"totalAmount":12.345,"currency":"KWD","reason":"stale-event"}`},
 	}
@@ -87,7 +87,7 @@ func TestOutcomeID(t *testing.T) {
 	if got, _ := uuid.TimestampFromV7(id); got != mustTime(uuid.TimestampFromV7(cause)) {
 		t.Errorf("%s carries time %v, want the order event's", id, got)
 	}
-	if again := outbox.NewOutcome(outbox.Succeeded, order.Event{ID: cause}, "", time.Now().Add(time.Hour)).EventID; again != id {
+	if again := outbox.NewEvent(outbox.Succeeded, order.Event{ID: cause}, "", time.Now().Add(time.Hour)).EventID; again != id {
 		t.Errorf("recorded again an hour later: %s, want %s", again, id)
 	}
 	for _, tt := range []struct {
@@ -115,7 +115,7 @@ func mustTime(ts uuid.Timestamp, err error) uuid.Timestamp {
 	return ts
 }
 
-func with(o outbox.Outcome, f func(*outbox.Outcome)) outbox.Outcome { f(&o); return o }
+func with(o outbox.Event, f func(*outbox.Event)) outbox.Event { f(&o); return o }
 
 // world is a migrated database and a broker with the outcome topic.
 type world struct {
@@ -135,20 +135,20 @@ func newWorld(t *testing.T) *world {
 }
 
 // record writes one outcome of order in a transaction of its own.
-func (w *world) record(orderID int64, typ string) outbox.Outcome {
+func (w *world) record(orderID int64, typ string) outbox.Event {
 	w.t.Helper()
 	w.seq++
 	ev := order.Event{ID: uuid.Must(uuid.NewV7()), OrderID: orderID, CustomerID: 9, Amount: order.Money{Minor: int64(100 + w.seq), Currency: "EUR"}}
-	o := outbox.NewOutcome(typ, ev, "", time.Now())
+	o := outbox.NewEvent(typ, ev, "", time.Now())
 	w.insert(o)
 	return o
 }
 
 // insert records o in a transaction of its own.
-func (w *world) insert(o outbox.Outcome) {
+func (w *world) insert(o outbox.Event) {
 	w.t.Helper()
 	if err := postgres.InTx(context.Background(), w.db, func(tx *sqlx.Tx) error {
-		return outbox.Record(context.Background(), tx, []outbox.Outcome{o})
+		return outbox.Record(context.Background(), tx, []outbox.Event{o})
 	}); err != nil {
 		w.t.Fatal(err)
 	}
@@ -347,7 +347,7 @@ func TestRecord_AnOutcomeRecordedAgainKeepsItsEventID(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := order.Event{ID: first.CausationID, OrderID: first.OrderID, CustomerID: first.CustomerID, Amount: first.Amount}
-	w.insert(outbox.NewOutcome(outbox.Succeeded, ev, "", time.Now()))
+	w.insert(outbox.NewEvent(outbox.Succeeded, ev, "", time.Now()))
 	w.relay()
 	got := w.published(2)
 	if fmt.Sprint(got["7"]) != fmt.Sprint([]string{first.EventID.String(), first.EventID.String()}) {

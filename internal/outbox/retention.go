@@ -11,7 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"example.com/billing/internal/partition"
+	"example.com/billing/internal/daytable"
 	"example.com/billing/internal/postgres"
 )
 
@@ -71,7 +71,7 @@ const defaultPartition = "outbox_default"
 func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 	var rep RetentionReport
 	now := r.now().UTC()
-	ran, err := partition.Exclusive(ctx, r.db, postgres.LockOutboxRetention, func(conn *sqlx.Conn) error {
+	ran, err := daytable.Exclusive(ctx, r.db, postgres.LockOutboxRetention, func(conn *sqlx.Conn) error {
 		existing, err := Table.List(ctx, conn)
 		if err != nil {
 			return err
@@ -130,7 +130,7 @@ const busyTimeout = time.Second
 // reports whether it did. The count that decides is taken after the detach,
 // in its transaction: a writer that was inserting into the day has
 // committed by then, and none can start.
-func (r *Retention) drop(ctx context.Context, conn *sqlx.Conn, name string, p partition.Info, now time.Time, rep *RetentionReport) (bool, error) {
+func (r *Retention) drop(ctx context.Context, conn *sqlx.Conn, name string, p daytable.Info, now time.Time, rep *RetentionReport) (bool, error) {
 	if p.DetachPending { // an interrupted DETACH ... CONCURRENTLY of an earlier release
 		return true, Table.Drop(ctx, conn, name, p)
 	}

@@ -27,24 +27,24 @@ func retentionDB(t *testing.T) (*sqlx.DB, *outbox.Retention) {
 }
 
 // outcomeOf is the succeeded outcome of an order event created at.
-func outcomeOf(t *testing.T, orderID int64, at time.Time) outbox.Outcome {
+func outcomeOf(t *testing.T, orderID int64, at time.Time) outbox.Event {
 	t.Helper()
 	ev := order.Event{ID: uuid.Must(uuid.NewV7AtTime(at)), OrderID: orderID, CustomerID: 9, Amount: order.Money{Minor: 100, Currency: "EUR"}}
-	return outbox.NewOutcome(outbox.Succeeded, ev, "", time.Now())
+	return outbox.NewEvent(outbox.Succeeded, ev, "", time.Now())
 }
 
-func recordIn(t *testing.T, db sqlx.ExtContext, o outbox.Outcome) {
+func recordIn(t *testing.T, db sqlx.ExtContext, o outbox.Event) {
 	t.Helper()
 	tx, ok := db.(*sqlx.Tx)
 	if !ok {
 		if err := postgres.InTx(context.Background(), db.(*sqlx.DB), func(tx *sqlx.Tx) error {
-			return outbox.Record(context.Background(), tx, []outbox.Outcome{o})
+			return outbox.Record(context.Background(), tx, []outbox.Event{o})
 		}); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	if err := outbox.Record(context.Background(), tx, []outbox.Outcome{o}); err != nil {
+	if err := outbox.Record(context.Background(), tx, []outbox.Event{o}); err != nil {
 		t.Fatal(err)
 	}
 }

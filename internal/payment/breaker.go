@@ -12,10 +12,10 @@ var ErrCircuitOpen = errors.New("provider unavailable: circuit open, request not
 
 // breaker stops a process from hammering a provider that is down.
 //
-// Without it, every lane of every partition retries its batch on its own
-// backoff schedule, and three replicas sent a provider that was down for 10
-// seconds some 3,000 requests (measured in the chaos suite). After
-// failureThreshold consecutive failures the breaker opens: calls fail at once
+// Without it, every key whose charge failed retries on its own backoff
+// schedule, and a provider that is down gets a request from each of them
+// every few seconds, from every replica. After failureThreshold
+// consecutive failures the breaker opens: calls fail at once
 // without a request. When the cool-down has passed, one call goes through as
 // a probe; its success closes the breaker, its failure reopens it with a
 // doubled cool-down. Answers about the request (declined, rejected) are

@@ -14,7 +14,7 @@ import (
 // drops packets instead of refusing them (a partition, a failed-over
 // address that no longer answers), the operating system's defaults keep a
 // connection with an unanswered request for 15 minutes of retransmissions,
-// and an idle one for ever: a lane, a readiness check or a shutdown would
+// and an idle one for ever: a claim, a readiness check or a shutdown would
 // wait that long. These bound it:
 const (
 	// tcpUserTimeout is how long data sent may stay unacknowledged before

@@ -74,14 +74,12 @@ func WithSessionLock(ctx context.Context, db *sqlx.DB, key Lock, fn func(conn *s
 		return false, fmt.Errorf("connection for lock %s: %w", key, err)
 	}
 	defer conn.Close()
-	// A session holding a lock must end once its client is gone. Over a
+	// A session holding a lock must end once its client is gone: over a
 	// cut network the server otherwise keeps the idle session, and its
 	// lock, until the operating system's keepalive gives up (two hours by
-	// default): no other replica takes the job meanwhile, even after the
-	// client gave the connection up (chaos partition-database: the relay's
-	// leader cut off, 2,181 outcome events unpublished a minute after the
-	// heal). The server probes a silent client after 5 s and ends the
-	// session after 3 unanswered probes 2 s apart.
+	// default), and no other replica takes the job meanwhile. The server
+	// probes a silent client after 5 s and ends the session after 3
+	// unanswered probes 2 s apart.
 	if _, err := conn.ExecContext(ctx, `SELECT set_config('tcp_keepalives_idle', '5', false),
 		set_config('tcp_keepalives_interval', '2', false), set_config('tcp_keepalives_count', '3', false)`); err != nil {
 		discard(conn)

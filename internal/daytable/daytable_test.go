@@ -1,4 +1,4 @@
-package partition_test
+package daytable_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"example.com/billing/internal/partition"
+	"example.com/billing/internal/daytable"
 	"example.com/billing/internal/testenv/dbtest"
 )
 
@@ -17,7 +17,7 @@ import (
 // but one failed (23505 on pg_type's unique index, or "already exists").
 func TestEnsure_ManyCreatorsOfOneDayAllSucceed(t *testing.T) {
 	db, _ := dbtest.New(t)
-	for _, table := range []partition.Table{"processed_event", "outbox"} {
+	for _, table := range []daytable.Table{"processed_event", "outbox"} {
 		t.Run(string(table), func(t *testing.T) {
 			for round := range 5 {
 				day := time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, 10+round)

@@ -1,4 +1,4 @@
-// Package partition keeps tables that are range-partitioned by the day of
+// Package daytable keeps tables that are range-partitioned by the day of
 // a UUID v7 key: processed_event (by the event's id) and outbox (by the
 // outcome event's id).
 //
@@ -8,7 +8,7 @@
 // is the function ensure_day_partition(parent, day) (migrations 5 and 7),
 // which creates and attaches the partition named <parent>_pYYYYMMDD as the
 // tables' owner, whoever calls it.
-package partition
+package daytable
 
 import (
 	"context"

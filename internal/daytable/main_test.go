@@ -1,4 +1,4 @@
-package partition_test
+package daytable_test
 
 import (
 	"testing"
