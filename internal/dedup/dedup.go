@@ -6,7 +6,7 @@
 // depends on the consumer group and changes on replay. The event id is.
 //
 // The table is range-partitioned by the time inside the UUID v7 event id
-// (one partition per UTC day, see Retention and package partition), so that
+// (one partition per UTC day, see Retention and package daytable), so that
 // every copy of an event lands in the same partition however late it comes,
 // and expired days are dropped whole.
 package dedup
