@@ -101,11 +101,13 @@ func TestServe_DuplicatesInOneAndInDifferentPartitionsAreSkipped(t *testing.T) {
 	if st.ChargesCreated != orders || st.OrdersChargedTwice != 0 {
 		t.Fatalf("provider created %d charges (%d orders twice), want %d and 0", st.ChargesCreated, st.OrdersChargedTwice, orders)
 	}
-	// The partition-0 duplicate never reaches the provider: its lane
-	// claims it after the first copy settled. The copy racing from another
-	// partition is skipped, or, meeting the first copy's attempt still
-	// pending, asks again under the same key (answered from the provider's
-	// store or with 409 while in flight): never a second charge.
+	// The partition-0 duplicate never reaches the provider: it has the
+	// first copy's key, so the consumer hands it to billing only once the
+	// first copy is finished, and its claim finds the event processed. The
+	// copy racing from another partition is skipped, or, meeting the first
+	// copy's attempt still pending, asks again under the same key (answered
+	// from the provider's store or with 409 while in flight): never a
+	// second charge.
 	if extra := st.Requests - orders; extra > st.Conflicts+st.Replays || st.Replays+st.Conflicts > orders*2 {
 		t.Errorf("provider saw %d requests for %d orders (%d replays, %d conflicts): duplicates reached it", st.Requests, orders, st.Replays, st.Conflicts)
 	}

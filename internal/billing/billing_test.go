@@ -154,8 +154,8 @@ func TestProcess_SameEventRacingFromManyConsumersIsChargedOnce(t *testing.T) {
 	if got := f.count(t, `SELECT count(*) FROM charge WHERE event_id = $1`, ev.ID); got != 1 {
 		t.Errorf("charge rows = %d, want 1", got)
 	}
-	// A copy that met the attempt in flight in another lane waited for its
-	// answer; one that met it pending between two phases may ask again
+	// A copy that met the attempt in flight for another racer waited for
+	// its answer; one that met it pending between two phases may ask again
 	// with the same key, which the provider answers from its store.
 	if st := f.psp.Stats(); st.ChargesCreated != 1 || st.OrdersChargedTwice != 0 {
 		t.Errorf("provider stats %+v, want one charge", st)
@@ -342,9 +342,9 @@ func TestProcess_ADatabaseThatRefusesWritesIsAnOutage(t *testing.T) {
 }
 
 // An event the database refuses (a constraint the event contract does not
-// know, here added by hand) will be refused however long the lane waits:
+// know, here added by hand) will be refused however often it is retried:
 // it is parked with the database's words, uncharged, and its neighbours in
-// the batch are charged. Before, the whole batch was retried for ever.
+// the transaction are charged, not retried for ever with it.
 func TestProcess_AnEventTheDatabaseRefusesIsParkedNotRetried(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	if _, err := f.db.Exec(`ALTER TABLE charge ADD CONSTRAINT no_order_13 CHECK (order_id <> 13)`); err != nil {

@@ -14,7 +14,7 @@ import (
 // partition; an address that stopped answering after a failover) must fail
 // a query in seconds. Without TCP timeouts the query waits for the
 // server's answer through 15 minutes of retransmissions, whatever its
-// context says, and so does the lane, the readiness check or the shutdown
+// context says, and so does the claim, the readiness check or the shutdown
 // waiting for it.
 func TestOpen_AQueryOnADroppedNetworkFailsInSeconds(t *testing.T) {
 	t.Parallel()
