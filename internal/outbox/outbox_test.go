@@ -33,7 +33,7 @@ import (
 // answered, see dbtest).
 func TestMain(m *testing.M) { kafkatest.Main(dbtest.WithServer(m)) }
 
-func TestOutcome_MarshalJSON(t *testing.T) {
+func TestEvent_MarshalJSON(t *testing.T) {
 	id := uuid.Must(uuid.FromString("01938d2e-7c4a-7b1e-9f00-000000000001"))
 	cause := uuid.Must(uuid.FromString("01938d2e-7c4a-7b1e-9f00-000000000002"))
 	at := time.Date(2026, 12, 3, 10, 0, 0, 123000000, time.UTC)
