@@ -52,7 +52,6 @@ import (
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/payment"
-	"example.com/billing/internal/postgres"
 )
 
 // Outcome is what became of one message. Charged and Declined are reported
@@ -185,18 +184,12 @@ type Message struct {
 
 // Processor turns Kafka message values into charges.
 type Processor struct {
-	db      *sqlx.DB
+	// settler runs the transactions and settles the calls, keeping one
+	// call per attempt: the processor's Recoverer shares it.
+	*settler
 	dedup   *dedup.Store
 	payer   Payer
 	horizon Horizon
-	metrics *metrics.Metrics
-	tracer  trace.Tracer
-	log     *slog.Logger
-	now     func() time.Time
-
-	// writes knows whether the database refuses writes (a full disk),
-	// which only failing transactions tell.
-	writes postgres.Writes
 
 	// claims holds the events waiting for a claim, settles the calls
 	// waiting for their settle; writers of each run their transactions.
@@ -207,11 +200,6 @@ type Processor struct {
 	// takes.
 	callers *callers
 
-	mu sync.Mutex
-	// active are the attempts this process is completing (charging or
-	// settling), so that an event needing one waits for it rather than
-	// asking the provider a second time.
-	active map[uuid.UUID]*call
 	// settleWarned is when a failed settle was last logged (unix nanos).
 	settleWarned atomic.Int64
 	// oldClaimed counts the events older than a day claimed since
@@ -239,10 +227,10 @@ const maxRounds = 8
 // for settles (at least one each). Its Recoverer completes the attempts
 // left pending.
 func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *Processor {
-	p := &Processor{db: db, dedup: store, payer: payer, horizon: horizon, metrics: m,
-		tracer: tp.Tracer("example.com/billing/internal/billing"), log: log, now: time.Now,
+	p := &Processor{settler: newSettler(db, m, tp, log), dedup: store, payer: payer, horizon: horizon,
 		claims: newQueue[*job](), settles: newQueue[*call](), writers: max(1, db.Stats().MaxOpenConnections/4),
-		callers: &callers{}, active: map[uuid.UUID]*call{}, instance: uuid.Must(uuid.NewV4()).String()}
+		callers: &callers{}, instance: uuid.Must(uuid.NewV4()).String()}
+	p.onSettled = p.decide
 	if b, ok := payer.(concurrencyBound); ok {
 		p.callers.limit = b.Concurrency()
 	}

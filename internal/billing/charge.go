@@ -52,7 +52,7 @@ type call struct {
 	trace   trace.SpanContext // of the first event waiting for it
 	fromRow bool              // read pending from the table, not recorded by this claim
 	// waiters are the events decided once the attempt is settled; more
-	// may join while it is in flight (guarded by Processor.mu).
+	// may join while it is in flight (guarded by settler.mu).
 	waiters []*job
 	// countedFor is the waiter whose message counts the outcome when this
 	// process settles it: the first copy of the attempt's own event; nil
@@ -137,12 +137,12 @@ func (p *Processor) wanted(c *call) error {
 // activate registers c as the call completing its attempt and reports
 // true, or hands its waiters to the call already doing so and reports
 // false.
-func (p *Processor) activate(c *call) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	busy, ok := p.active[c.a.EventID]
+func (s *settler) activate(c *call) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	busy, ok := s.active[c.a.EventID]
 	if !ok {
-		p.active[c.a.EventID] = c
+		s.active[c.a.EventID] = c
 		return true
 	}
 	busy.waiters = append(busy.waiters, c.waiters...)
@@ -161,13 +161,13 @@ func (p *Processor) toSettle(c *call) {
 
 // abandon gives c up unsettled: its waiters are left Pending with err, and
 // the attempt stays pending in the table for a retry or maintenance.
-func (p *Processor) abandon(c *call, err error) {
-	p.mu.Lock()
-	if p.active[c.a.EventID] == c {
-		delete(p.active, c.a.EventID)
+func (s *settler) abandon(c *call, err error) {
+	s.mu.Lock()
+	if s.active[c.a.EventID] == c {
+		delete(s.active, c.a.EventID)
 	}
 	waiters := c.waiters
-	p.mu.Unlock()
+	s.mu.Unlock()
 	for _, j := range waiters {
 		j.finish(err)
 	}

@@ -20,30 +20,34 @@ import (
 // was parked before its attempt was answered), and reports the pending and
 // the expired ones.
 //
-// It completes an attempt as the event's own consumer would, through the
-// processor's charge and settle phases, and registers it with the
-// attempts the processor is completing: within one process the consumer
-// and recovery never send the same attempt at the same time. serve builds
-// it from its processor (Processor.Recoverer); maintain, which consumes
-// nothing, builds one of its own (NewRecoverer). Across processes the
-// attempts are taken with a lease (Recover).
+// It completes an attempt as the event's own consumer would: the same
+// request under the same key, settled by the same settle, which records
+// the answer and announces its outcome. serve's recoverer shares its
+// processor's settler (Processor.Recoverer): within one process the
+// consumer and recovery never send the same attempt at the same time.
+// maintain, which consumes nothing, builds one with a settler of its own
+// (NewRecoverer). Across processes the attempts are taken with a lease
+// (Recover).
 type Recoverer struct {
-	p *Processor
+	s     *settler
+	payer Payer // nil: the recoverer only reports
+	// window is the provider's idempotency window
+	// (PAYMENT_IDEMPOTENCY_WINDOW).
+	window time.Duration
 }
 
 // Recoverer returns the recoverer of p's process, which shares p's
-// registry of the attempts being completed.
-func (p *Processor) Recoverer() *Recoverer { return &Recoverer{p: p} }
+// settler, its payer and its provider window.
+func (p *Processor) Recoverer() *Recoverer {
+	return &Recoverer{s: p.settler, payer: p.payer, window: p.horizon.ProviderWindow}
+}
 
 // NewRecoverer returns a recoverer for a process that consumes nothing
 // (billing maintain). It charges through payer; with a nil payer it only
 // reports (Recover is Report). window is the provider's idempotency window
 // (PAYMENT_IDEMPOTENCY_WINDOW).
 func NewRecoverer(db *sqlx.DB, payer Payer, window time.Duration, m *metrics.Metrics, log *slog.Logger) *Recoverer {
-	// A processor that is never Run and never given a message: only its
-	// charge and settle phases are used, so it needs no dedup store and
-	// no horizon but the provider's window.
-	return &Recoverer{p: NewProcessor(db, nil, payer, Horizon{ProviderWindow: window}, m, noop.NewTracerProvider(), log)}
+	return &Recoverer{s: newSettler(db, m, noop.NewTracerProvider(), log), payer: payer, window: window}
 }
 
 // RecoveryReport says what one Recover or Report run found and did.
@@ -80,17 +84,17 @@ const maxExpiredListed = 100
 // counted and listed, never sent. A recoverer without a payer only
 // reports.
 func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryReport, error) {
-	p := r.p
+	s := r.s
 	rep, err := r.Report(ctx)
-	if err != nil || rep.Pending == 0 || p.payer == nil {
+	if err != nil || rep.Pending == 0 || r.payer == nil {
 		return rep, err
 	}
-	window := p.horizon.ProviderWindow
+	window := r.window
 
 	// Take the idle attempts: touching them tells the other replicas (and
 	// the next run) that someone works on them.
 	var taken []charge.Row
-	err = p.inTx(ctx, "recover", nil, func(tx *sqlx.Tx) error {
+	err = s.inTx(ctx, "recover", nil, func(tx *sqlx.Tx) error {
 		var err error
 		taken, err = charge.TakeIdle(ctx, tx, idle, window, recoverBatch)
 		return err
@@ -103,7 +107,7 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	// already (an event met it meanwhile) is left to that call.
 	var calls []*call
 	for _, a := range taken {
-		if c := newCall(a, true); p.activate(c) {
+		if c := newCall(a, true); s.activate(c) {
 			calls = append(calls, c)
 		}
 	}
@@ -113,13 +117,13 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	var wg sync.WaitGroup
 	for _, c := range calls {
 		c.sent = true
-		wg.Go(func() { c.charge, c.err = p.payer.Charge(ctx, request(c.a)) })
+		wg.Go(func() { c.charge, c.err = r.payer.Charge(ctx, request(c.a)) })
 	}
 	wg.Wait()
 	// Settled here rather than by the writers (maintain runs none), and
 	// again a few times when the database fails: the answers are not
 	// asked for again within this run.
-	unsettled := p.settleBatch(ctx, calls)
+	unsettled := s.settleBatch(ctx, calls)
 	for try := 1; len(unsettled) > 0 && try < recoverSettles; try++ {
 		select {
 		case <-ctx.Done():
@@ -128,10 +132,10 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 		if ctx.Err() != nil {
 			break
 		}
-		unsettled = p.settleBatch(ctx, unsettled)
+		unsettled = s.settleBatch(ctx, unsettled)
 	}
 	for _, c := range unsettled {
-		p.abandon(c, c.settleErr)
+		s.abandon(c, c.settleErr)
 	}
 	for _, c := range calls {
 		result := c.a.Status
@@ -141,9 +145,9 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 		} else {
 			rep.Completed[c.a.Status]++
 		}
-		p.metrics.AttemptsRecovered.WithLabelValues(result).Inc()
+		s.metrics.AttemptsRecovered.WithLabelValues(result).Inc()
 	}
-	p.log.Warn("completed charge attempts left pending", "taken", len(taken), "completed", rep.Completed, "unanswered", rep.Unanswered)
+	s.log.Warn("completed charge attempts left pending", "taken", len(taken), "completed", rep.Completed, "unanswered", rep.Unanswered)
 	return rep, nil
 }
 
@@ -151,23 +155,23 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 // idempotency window, sets the metrics and logs the expired ones for a
 // human. It sends nothing.
 func (r *Recoverer) Report(ctx context.Context) (RecoveryReport, error) {
-	p := r.p
+	s := r.s
 	rep := RecoveryReport{Completed: map[string]int{}}
-	window := p.horizon.ProviderWindow
+	window := r.window
 
-	st, err := charge.CountPending(ctx, p.db, window)
+	st, err := charge.CountPending(ctx, s.db, window)
 	if err != nil {
 		return rep, err
 	}
 	rep.Pending, rep.OldestPending = st.Count, st.Oldest
-	p.metrics.AttemptsPending.Set(float64(st.Count))
-	p.metrics.AttemptsOldestPending.Set(st.Oldest.Seconds())
-	p.metrics.AttemptsExpired.Set(float64(st.Expired))
+	s.metrics.AttemptsPending.Set(float64(st.Count))
+	s.metrics.AttemptsOldestPending.Set(st.Oldest.Seconds())
+	s.metrics.AttemptsExpired.Set(float64(st.Expired))
 	if st.Expired > 0 {
-		if rep.Expired, err = charge.PendingBefore(ctx, p.db, window, maxExpiredListed); err != nil {
+		if rep.Expired, err = charge.PendingBefore(ctx, s.db, window, maxExpiredListed); err != nil {
 			return rep, err
 		}
-		p.log.Error("charge attempts unanswered for longer than the provider's idempotency window; they are not retried blindly: reconcile them with the provider and record their outcome",
+		s.log.Error("charge attempts unanswered for longer than the provider's idempotency window; they are not retried blindly: reconcile them with the provider and record their outcome",
 			"count", st.Expired, "window", window.String(), "event_ids", rep.Expired)
 	}
 	return rep, nil

@@ -3,7 +3,9 @@ package billing
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -12,11 +14,46 @@ import (
 
 	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dlq/reason"
+	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/tracing"
 )
+
+// settler settles the calls of the attempts this process is completing
+// (phase 3) and keeps one call per attempt, so that an event needing an
+// attempt in flight waits for it rather than asking the provider a second
+// time. It runs every phase's transaction (tx.go). A Processor settles
+// its messages' calls with it; its Recoverer shares it, so that within one
+// process the consumer and recovery never send the same attempt at once.
+type settler struct {
+	db      *sqlx.DB
+	metrics *metrics.Metrics
+	tracer  trace.Tracer
+	log     *slog.Logger
+	now     func() time.Time
+
+	// writes knows whether the database refuses writes (a full disk),
+	// which only failing transactions tell.
+	writes postgres.Writes
+
+	// onSettled sends on an event that waited for a call, once the call
+	// is settled (Processor.decide). Only a Processor's calls have
+	// waiters: a recoverer of its own (maintain) leaves it nil.
+	onSettled func(c *call, j *job)
+
+	mu sync.Mutex
+	// active are the attempts this process is completing (charging or
+	// settling).
+	active map[uuid.UUID]*call
+}
+
+func newSettler(db *sqlx.DB, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *settler {
+	return &settler{db: db, metrics: m, tracer: tp.Tracer("example.com/billing/internal/billing"), log: log,
+		now: time.Now, active: map[uuid.UUID]*call{}}
+}
 
 // settleBatch runs phase 3 for calls in one transaction, then decides the
 // events that waited for them: an event whose own attempt this settle
@@ -30,32 +67,32 @@ import (
 // a call the database refuses holds no other. It returns the calls still
 // unsettled, their waiters still waiting, for the caller to settle again
 // (settleLater) rather than ask the provider a second time.
-func (p *Processor) settleBatch(ctx context.Context, calls []*call) (unsettled []*call) {
-	p.mu.Lock()
+func (s *settler) settleBatch(ctx context.Context, calls []*call) (unsettled []*call) {
+	s.mu.Lock()
 	for _, c := range calls {
 		c.counted = c.countedFor
 	}
-	p.mu.Unlock()
-	if err := p.settle(ctx, calls); err != nil {
+	s.mu.Unlock()
+	if err := s.settle(ctx, calls); err != nil {
 		if len(calls) == 1 {
 			calls[0].settles++
 			calls[0].settleErr = err
 			return calls
 		}
 		for _, c := range calls {
-			unsettled = append(unsettled, p.settleBatch(ctx, []*call{c})...)
+			unsettled = append(unsettled, s.settleBatch(ctx, []*call{c})...)
 		}
 		return unsettled
 	}
 	for _, c := range calls {
-		p.mu.Lock()
-		if p.active[c.a.EventID] == c {
-			delete(p.active, c.a.EventID)
+		s.mu.Lock()
+		if s.active[c.a.EventID] == c {
+			delete(s.active, c.a.EventID)
 		}
 		waiters := c.waiters
-		p.mu.Unlock()
+		s.mu.Unlock()
 		for _, j := range waiters {
-			p.decide(c, j)
+			s.onSettled(c, j)
 		}
 	}
 	return nil
@@ -88,7 +125,7 @@ func (p *Processor) settleLater(c *call) {
 // is recorded as counted for its own event's message when that message
 // waits for it (charge.counted_by), and for nobody otherwise: the event's
 // message counts it when it comes.
-func (p *Processor) settle(ctx context.Context, calls []*call) error {
+func (s *settler) settle(ctx context.Context, calls []*call) error {
 	byID := make(map[uuid.UUID]*call, len(calls))
 	var answers []charge.Answer
 	var all []uuid.UUID
@@ -118,7 +155,7 @@ func (p *Processor) settle(ctx context.Context, calls []*call) error {
 	}
 	var recorded []charge.Row
 	var changed map[uuid.UUID]string
-	err := p.inTx(ctx, "settle", spans, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, "settle", spans, func(tx *sqlx.Tx) error {
 		var err error
 		if changed, err = charge.Settle(ctx, tx, answers); err != nil {
 			return err
@@ -128,7 +165,7 @@ func (p *Processor) settle(ctx context.Context, calls []*call) error {
 		var outcomes []outbox.Event
 		for id, status := range changed {
 			if status != charge.Pending {
-				outcomes = append(outcomes, p.announcement(byID[id], status))
+				outcomes = append(outcomes, s.announcement(byID[id], status))
 			}
 		}
 		if err := outbox.Record(ctx, tx, outcomes); err != nil {
@@ -155,7 +192,7 @@ func (p *Processor) settle(ctx context.Context, calls []*call) error {
 
 // announcement is the payment outcome event of c's attempt, settled here as
 // status.
-func (p *Processor) announcement(c *call, status string) outbox.Event {
+func (s *settler) announcement(c *call, status string) outbox.Event {
 	a := c.a
 	ev := order.Event{ID: a.EventID, OrderID: a.OrderID, CustomerID: a.CustomerID,
 		Amount: order.Money{Minor: a.Amount, Currency: a.Currency}}
@@ -164,7 +201,7 @@ func (p *Processor) announcement(c *call, status string) outbox.Event {
 	if status == charge.Rejected {
 		why = string(reason.ProviderRejected)
 	}
-	o := outbox.NewEvent(typ, ev, why, p.now())
+	o := outbox.NewEvent(typ, ev, why, s.now())
 	switch status {
 	case charge.Succeeded:
 		o.ProviderChargeID = c.charge.ID

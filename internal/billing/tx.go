@@ -30,26 +30,26 @@ import (
 // partition does not exist (maintenance has not run; a late event), it
 // creates the partitions and runs fn once more: every write of the
 // pipeline heals that one way.
-func (p *Processor) inTx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
-	err := p.tx(ctx, phase, spans, fn)
+func (s *settler) inTx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
+	err := s.tx(ctx, phase, spans, fn)
 	var missing *daytable.MissingError
 	if !errors.As(err, &missing) {
 		return err
 	}
-	if err := p.createPartitions(ctx, missing); err != nil {
+	if err := s.createPartitions(ctx, missing); err != nil {
 		return err
 	}
-	return p.tx(ctx, phase, spans, fn)
+	return s.tx(ctx, phase, spans, fn)
 }
 
 // createPartitions creates the partitions missing's rows need. A day of
 // processed_event that retention dropped is not created again: an event of
 // that day could be a duplicate whose record is gone, and the claim parks
 // it (droppedError).
-func (p *Processor) createPartitions(ctx context.Context, missing *daytable.MissingError) error {
+func (s *settler) createPartitions(ctx context.Context, missing *daytable.MissingError) error {
 	ids := missing.IDs
 	if missing.Table == dedup.Table {
-		droppedBefore, err := dedup.DroppedBefore(ctx, p.db)
+		droppedBefore, err := dedup.DroppedBefore(ctx, s.db)
 		if err != nil {
 			return err
 		}
@@ -65,8 +65,8 @@ func (p *Processor) createPartitions(ctx context.Context, missing *daytable.Miss
 			return dropped
 		}
 	}
-	p.log.Warn("a table has no partition for a row's day; creating it (is `billing maintain` running?)", "table", missing.Table)
-	return missing.Table.EnsureFor(ctx, p.db, ids)
+	s.log.Warn("a table has no partition for a row's day; creating it (is `billing maintain` running?)", "table", missing.Table)
+	return missing.Table.EnsureFor(ctx, s.db, ids)
 }
 
 // droppedError: events fall on days whose dedup records retention dropped.
@@ -80,7 +80,7 @@ func (e *droppedError) Error() string {
 }
 
 // tx runs fn in one transaction of phase, traced and timed.
-func (p *Processor) tx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
+func (s *settler) tx(ctx context.Context, phase string, spans []trace.SpanContext, fn func(tx *sqlx.Tx) error) error {
 	links := make([]trace.Link, 0, len(spans))
 	for _, sc := range spans {
 		links = append(links, trace.Link{SpanContext: sc})
@@ -91,16 +91,16 @@ func (p *Processor) tx(ctx context.Context, phase string, spans []trace.SpanCont
 	}
 	// One transaction serves many events: its span hangs below the first
 	// one's and links to all of them.
-	ctx, span := p.tracer.Start(trace.ContextWithSpanContext(ctx, parent), "billing "+phase,
+	ctx, span := s.tracer.Start(trace.ContextWithSpanContext(ctx, parent), "billing "+phase,
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...),
 		trace.WithAttributes(semconv.DBSystemNamePostgreSQL, attribute.Int("billing.events", len(spans))))
 	defer span.End()
 	started := time.Now()
-	err := postgres.InTx(ctx, p.db, fn)
-	p.metrics.Transaction.WithLabelValues(phase).Observe(time.Since(started).Seconds())
-	p.writes.Observe(err)
+	err := postgres.InTx(ctx, s.db, fn)
+	s.metrics.Transaction.WithLabelValues(phase).Observe(time.Since(started).Seconds())
+	s.writes.Observe(err)
 	if err != nil {
-		p.metrics.DBErrors.WithLabelValues(postgres.SQLState(err)).Inc()
+		s.metrics.DBErrors.WithLabelValues(postgres.SQLState(err)).Inc()
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "rolled back")
 	}
