@@ -119,7 +119,7 @@ func (p *Processor) send(ctx context.Context, c *call) bool {
 }
 
 // wanted returns nil while one of c's waiters still wants its request sent,
-// else why none does. A call without waiters (maintenance's) is wanted.
+// else why none does; nil for a call without waiters.
 func (p *Processor) wanted(c *call) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
