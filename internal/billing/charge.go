@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -107,8 +108,16 @@ func (p *Processor) send(ctx context.Context, c *call) bool {
 			if err := p.wanted(c); err != nil {
 				c.err = err // not sent: left pending
 			} else {
+				// Asked again once the request has its turn, which a rate
+				// limit can make seconds later: a partition lost meanwhile
+				// sends nothing more.
+				req := request(c.a)
+				req.Ready = func() error { return p.wanted(c) }
 				c.sent = true
-				c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(ctx, c.trace), request(c.a))
+				c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(ctx, c.trace), req)
+				if errors.Is(c.err, payment.ErrNotSent) {
+					c.sent = false // left pending
+				}
 			}
 			p.toSettle(c)
 		})

@@ -40,6 +40,13 @@ type Request struct {
 	CustomerID     int64
 	Amount         int64 // minor units
 	Currency       string
+	// Ready, when set, is asked once the request has its turn (a slot, a
+	// token of the rate limit, no pause in force), just before it is
+	// sent: a turn can take seconds, and the caller may no longer want
+	// the request by then (the message's partition is another consumer's).
+	// An error leaves it unsent: Charge returns a *TransientError that
+	// wraps ErrNotSent and it. It is not part of what the provider sees.
+	Ready func() error
 }
 
 // Charge is the provider's record of a succeeded charge.
@@ -56,6 +63,9 @@ var (
 	// reused with a different body; 400: malformed). Caused by the event, so
 	// retrying cannot help: the event goes to the dead-letter topic.
 	ErrRejected = errors.New("payment request rejected")
+	// ErrNotSent: the request had its turn but its Ready refused it; the
+	// provider never saw it.
+	ErrNotSent = errors.New("payment request not sent: its caller no longer wants it")
 )
 
 // DeclineError is a declined payment (402). It wraps ErrDeclined.
@@ -249,6 +259,11 @@ func (c *Client) Charge(ctx context.Context, r Request) (Charge, error) {
 		return Charge{}, transient("canceled", 0, err)
 	}
 	defer release()
+	if r.Ready != nil {
+		if err := r.Ready(); err != nil {
+			return Charge{}, transient("not_sent", 0, fmt.Errorf("%w: %w", ErrNotSent, err))
+		}
+	}
 	ok, probe := c.breaker.allow()
 	if !ok {
 		c.metrics.PaymentRequests.WithLabelValues("circuit_open").Inc()

@@ -507,3 +507,51 @@ func TestCharge_RequestsAndAnswersLargerThanTheBuffers(t *testing.T) {
 		}
 	}
 }
+
+// A request waits for its turn (here the rate limit's next token, half a
+// second away) and is then asked whether it is still wanted: the caller's
+// partition may be another consumer's by then. Refused, it is not sent,
+// and the error says so; wanted, it is.
+func TestCharge_ReadyIsAskedAfterTheTurnBeforeSending(t *testing.T) {
+	t.Parallel()
+	var got atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		answer(201, chargeOK)(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	c, m := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 4, MaxRPS: 2})
+	if _, err := c.Charge(context.Background(), charge); err != nil { // takes the burst's token
+		t.Fatal(err)
+	}
+
+	lost := errors.New("the partition is another consumer's")
+	var asked time.Duration
+	refused := charge
+	refused.IdempotencyKey = "0190b6a4-6f6f-7aaa-8bbb-000000000002"
+	began := time.Now()
+	refused.Ready = func() error { asked = time.Since(began); return lost }
+	_, err := c.Charge(context.Background(), refused)
+	if !errors.Is(err, payment.ErrNotSent) || !errors.Is(err, lost) {
+		t.Fatalf("err = %v, want ErrNotSent and the caller's reason", err)
+	}
+	if asked < 200*time.Millisecond {
+		t.Errorf("Ready was asked %s after the call, before its turn (the rate limit's next token)", asked)
+	}
+	if n := got.Load(); n != 1 {
+		t.Errorf("the provider got %d requests, want 1: the refused one must not be sent", n)
+	}
+	if got := testutil.ToFloat64(m.PaymentRequests.WithLabelValues("charged")); got != 1 {
+		t.Errorf("billing_payment_requests_total{result=charged} = %v, want 1", got)
+	}
+
+	wanted := charge
+	wanted.IdempotencyKey = "0190b6a4-6f6f-7aaa-8bbb-000000000003"
+	wanted.Ready = func() error { return nil }
+	if _, err := c.Charge(context.Background(), wanted); err != nil {
+		t.Fatal(err)
+	}
+	if n := got.Load(); n != 2 {
+		t.Errorf("the provider got %d requests, want 2", n)
+	}
+}
