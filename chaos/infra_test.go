@@ -89,7 +89,7 @@ func (r *run) backlogOf(clientID string) ([]int32, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	committed, err := kafka.CommittedOffsets(r.probe, r.group, r.topic)
+	committed, err := committedOffsets(r.probe, r.group, r.topic)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -100,10 +100,27 @@ func (r *run) backlogOf(clientID string) ([]int32, int64, error) {
 	return owned, lag, nil
 }
 
+// committedOffsets reads the group's committed offsets, asking again for
+// up to 10 s while the group's coordinator is moving or loading its
+// offsets partition: the brokers move partition leaders back to their
+// preferred replicas after an earlier scenario's broker faults, and serve
+// rides that out, so a check must not fail on it.
+func committedOffsets(client sarama.Client, group, topic string) (map[int32]int64, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		committed, err := kafka.CommittedOffsets(client, group, topic)
+		if err == nil || time.Now().After(deadline) || !(errors.Is(err, sarama.ErrOffsetsLoadInProgress) ||
+			errors.Is(err, sarama.ErrNotCoordinatorForConsumer) || errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable)) {
+			return committed, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // committedTotal is the sum of the group's committed offsets (the
 // messages it finished, counting from 0 in each partition).
 func (r *run) committedTotal() (int64, error) {
-	committed, err := kafka.CommittedOffsets(r.probe, r.group, r.topic)
+	committed, err := committedOffsets(r.probe, r.group, r.topic)
 	if err != nil {
 		return 0, err
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/lib/pq"
 
 	"example.com/billing/internal/dev/loadgen"
-	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/postgres"
 )
 
@@ -249,7 +248,7 @@ func injectPartitionDatabase(r *run) {
 	// first, the pending attempts after. An attempt pending now was
 	// pending when the offsets were read (an attempt only leaves pending),
 	// so none of its event's messages may lie below them.
-	committed, err := kafka.CommittedOffsets(r.probe, r.group, r.topic)
+	committed, err := committedOffsets(r.probe, r.group, r.topic)
 	if err != nil {
 		r.t.Errorf("committed offsets before the heal: %v", err)
 		return

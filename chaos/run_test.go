@@ -610,7 +610,7 @@ func (r *run) caughtUp() (bool, string, error) {
 	if err != nil {
 		return false, "", err
 	}
-	committed, err := kafka.CommittedOffsets(r.probe, r.group, r.topic)
+	committed, err := committedOffsets(r.probe, r.group, r.topic)
 	if err != nil {
 		return false, "", err
 	}

@@ -341,7 +341,7 @@ func (r *run) checkTxnLog() {
 		t.Errorf("end offsets: %v", err)
 		return
 	}
-	committed, err := kafka.CommittedOffsets(r.probe, r.group, r.topic)
+	committed, err := committedOffsets(r.probe, r.group, r.topic)
 	if err != nil {
 		t.Errorf("committed offsets: %v", err)
 		return
@@ -511,7 +511,7 @@ func injectHangingTxn(r *run) {
 			}
 		}
 		if aborted > 0 {
-			if c, err := kafka.CommittedOffsets(r.probe, r.group, r.topic); err == nil && allPast(hung, func(p int32) int64 { return c[p] }) {
+			if c, err := committedOffsets(r.probe, r.group, r.topic); err == nil && allPast(hung, func(p int32) int64 { return c[p] }) {
 				resumed = time.Since(killed)
 			}
 		}

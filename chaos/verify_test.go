@@ -85,7 +85,7 @@ func (r *run) verify() result {
 	if err != nil {
 		t.Fatalf("end offsets: %v", err)
 	}
-	committed, err := kafka.CommittedOffsets(r.client, r.group, r.topic)
+	committed, err := committedOffsets(r.client, r.group, r.topic)
 	if err != nil {
 		t.Fatalf("committed offsets: %v", err)
 	}
