@@ -115,31 +115,37 @@ func (l *maintainLoop) finish() {
 	<-l.done
 }
 
-// The backlog: its days of processed_event dropped, billing maintain
-// running over and over, and one replica replaced mid-way with SIGTERM, as
-// a rolling update does.
-func injectBacklog(r *run) {
+// dropBacklogDays readies the database once serve's start-up upkeep is
+// done and before the first event is published: processed_event lacks the
+// backlog's days, the outbox has them (a database that ran while they were
+// today), so that writers and maintainers create the same days at once,
+// and retention drops the expired outbox days while the outcomes of their
+// events are recorded. Dropping a day once events flow would take the
+// dedup records of those already settled in it.
+func dropBacklogDays(r *run) error {
 	db, err := postgres.Open(r.dsn, 1)
 	if err != nil {
-		r.t.Errorf("backlog: %v", err)
-		return
+		return fmt.Errorf("backlog: %w", err)
 	}
 	defer db.Close()
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	for d := 1; d <= 6; d++ {
 		day := today.AddDate(0, 0, -d).Format(time.DateOnly)
-		// processed_event lacks the backlog's days; the outbox has them
-		// (a database that ran while they were today): retention drops
-		// them, the expired ones, while the outcomes of their events are
-		// recorded.
 		if _, err := db.Exec(`DROP TABLE IF EXISTS processed_event_p` + strings.ReplaceAll(day, "-", "")); err != nil {
-			r.t.Errorf("backlog: %v", err)
+			return fmt.Errorf("backlog: drop processed_event's %s: %w", day, err)
 		}
 		if _, err := db.Exec(`SELECT ensure_day_partition('outbox', $1::date)`, day); err != nil {
-			r.t.Errorf("backlog: %v", err)
+			return fmt.Errorf("backlog: the outbox's %s: %w", day, err)
 		}
 	}
-	r.fault("backlog", "processed_event's partitions of the 6 days before today dropped, the outbox's there")
+	return nil
+}
+
+// The backlog: its days of processed_event dropped before the stream
+// (dropBacklogDays), billing maintain running over and over, and one
+// replica replaced mid-way with SIGTERM, as a rolling update does.
+func injectBacklog(r *run) {
+	r.fault("backlog", "processed_event's partitions of the 6 days before today dropped before the stream, the outbox's there")
 	// The writers meet the missing days first, then maintain creates them
 	// too, and drops the outbox's expired days.
 	time.Sleep(2 * time.Second)

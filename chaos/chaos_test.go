@@ -69,7 +69,7 @@ var scenarios = []scenario{
 		only: brokerApache, why: "apache only: kfake has one broker and no transaction coordinator to fail over"},
 	// A backlog of days worked off while upkeep runs (issue 29).
 	{name: "backlog", consumers: 2, count: 3000, rate: 200, latency: 5 * time.Millisecond,
-		past: [2]time.Duration{24 * time.Hour, 6 * 24 * time.Hour}, env: backlogEnv, inject: injectBacklog, check: checkBacklog},
+		past: [2]time.Duration{24 * time.Hour, 6 * 24 * time.Hour}, env: backlogEnv, ready: dropBacklogDays, inject: injectBacklog, check: checkBacklog},
 	// A rolling upgrade across a schema change, and back (issue 30).
 	{name: "rolling-upgrade", consumers: 2, count: 4500, rate: 150, latency: 5 * time.Millisecond, upgrade: true,
 		inject: injectRollingUpgrade, check: checkRollingUpgrade},

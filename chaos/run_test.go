@@ -66,6 +66,10 @@ type scenario struct {
 	// created: infrastructure of the scenario's own (proxies, a PostgreSQL
 	// of its own in r.server), cleaned up with t.Cleanup.
 	prepare func(r *run) error
+	// ready runs once every serve is ready (its start-up upkeep done) and
+	// before the first event is published: a state of the database the
+	// stream must meet from its first event.
+	ready func(r *run) error
 	// check runs once the group caught up and the outbox is published,
 	// while the consumers still run (their /metrics, their logs).
 	check func(r *run)
@@ -278,6 +282,11 @@ func newRun(t *testing.T, sc scenario) *run {
 	for _, c := range r.running() {
 		if err := c.waitReady(60 * time.Second); err != nil {
 			t.Fatal(err)
+		}
+	}
+	if sc.ready != nil {
+		if err := sc.ready(r); err != nil {
+			t.Fatalf("ready: %v", err)
 		}
 	}
 	return r
