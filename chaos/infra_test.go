@@ -100,21 +100,14 @@ func (r *run) backlogOf(clientID string) ([]int32, int64, error) {
 	return owned, lag, nil
 }
 
-// committedOffsets reads the group's committed offsets, asking again for
-// up to 10 s while the group's coordinator is moving or loading its
-// offsets partition: the brokers move partition leaders back to their
-// preferred replicas after an earlier scenario's broker faults, and serve
-// rides that out, so a check must not fail on it.
+// committedOffsets reads the group's committed offsets, waiting up to
+// 10 s for a coordinator that moves or loads them: the brokers move
+// leaders back to their preferred replicas after an earlier scenario's
+// broker faults.
 func committedOffsets(client sarama.Client, group, topic string) (map[int32]int64, error) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		committed, err := kafka.CommittedOffsets(client, group, topic)
-		if err == nil || time.Now().After(deadline) || !(errors.Is(err, sarama.ErrOffsetsLoadInProgress) ||
-			errors.Is(err, sarama.ErrNotCoordinatorForConsumer) || errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable)) {
-			return committed, err
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return kafka.CommittedOffsets(ctx, client, group, topic)
 }
 
 // committedTotal is the sum of the group's committed offsets (the

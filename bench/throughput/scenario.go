@@ -252,7 +252,7 @@ func runScenario(sc scenario, b *broker, opts runOptions) (result, error) {
 	}
 
 	for {
-		done, err := caughtUp(client, names, end)
+		done, err := caughtUp(ctx, client, names, end)
 		if err != nil {
 			return res, err
 		}
@@ -617,8 +617,8 @@ func loadAverage() string {
 }
 
 // caughtUp reports whether the group committed every partition to end.
-func caughtUp(client sarama.Client, n kafkaNames, end map[int32]int64) (bool, error) {
-	committed, err := kafka.CommittedOffsets(client, n.group, n.topic)
+func caughtUp(ctx context.Context, client sarama.Client, n kafkaNames, end map[int32]int64) (bool, error) {
+	committed, err := kafka.CommittedOffsets(ctx, client, n.group, n.topic)
 	if err != nil {
 		return false, err
 	}

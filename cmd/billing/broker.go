@@ -135,8 +135,11 @@ func watchSession(ctx context.Context, ready func() bool, log *slog.Logger, brok
 // sent to the provider again (outcome duplicate), but every invalid message
 // is parked in the dead-letter topic once more. A new KAFKA_GROUP_ID next to an existing
 // one is a decision to make knowingly.
-func logStart(client sarama.Client, k config.Kafka, log *slog.Logger) {
-	committed, err := kafka.CommittedOffsets(client, k.GroupID, k.Topic)
+func logStart(ctx context.Context, client sarama.Client, k config.Kafka, log *slog.Logger) {
+	// A busy coordinator is worth a short wait for this line, not the start.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	committed, err := kafka.CommittedOffsets(ctx, client, k.GroupID, k.Topic)
 	if err != nil {
 		log.Warn("cannot read the consumer group's committed offsets", "group", k.GroupID, "err", err)
 		return

@@ -337,7 +337,7 @@ func (d *demo) publishAndWait(ctx context.Context, genOpts loadgen.Options) erro
 		// so committed trails finished; the demo is done when it catches up.
 		published := acked.Load()
 		lag := max(published-int64(finished), 0)
-		end, committed, err := d.offsets()
+		end, committed, err := d.offsets(ctx)
 		if err != nil {
 			end, committed = -1, -1
 		}
@@ -360,12 +360,12 @@ func (d *demo) publishAndWait(ctx context.Context, genOpts loadgen.Options) erro
 // offsets sums the end offsets of the order topic's partitions and the
 // group's committed offsets, read from the broker: on the demo's new topic,
 // the messages published and those committed.
-func (d *demo) offsets() (end, committed int64, err error) {
+func (d *demo) offsets(ctx context.Context) (end, committed int64, err error) {
 	ends, err := kafka.EndOffsets(d.client, d.kafkaCfg.Topic)
 	if err != nil {
 		return 0, 0, err
 	}
-	commits, err := kafka.CommittedOffsets(d.client, d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
+	commits, err := kafka.CommittedOffsets(ctx, d.client, d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
 	if err != nil {
 		return 0, 0, err
 	}

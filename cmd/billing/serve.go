@@ -325,7 +325,7 @@ func joinKafka(ctx context.Context, background *sync.WaitGroup, cfg config.Serve
 	}, nil)
 	if err == nil {
 		_, err = awaitKafka(ctx, log, brokers, "the consumer group's committed offsets", func() (struct{}, error) {
-			logStart(client, cfg.Kafka, log)
+			logStart(ctx, client, cfg.Kafka, log)
 			return struct{}{}, nil
 		}, nil)
 	}

@@ -40,7 +40,9 @@ func (r *replayer) run(ctx context.Context, ranges map[int32]replayRange) error 
 		wg.Wait()
 	}()
 
-	ctx, cancel := context.WithCancelCause(ctx)
+	// replaying ends with the replay (its cause says how); ctx outlives
+	// it for the last look at the commits.
+	replaying, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	h := &replayHandler{r: r, producer: producer, ranges: ranges, done: map[int32]bool{}, progress: make(chan struct{}, 1), fail: cancel}
 
@@ -49,29 +51,29 @@ func (r *replayer) run(ctx context.Context, ranges map[int32]replayRange) error 
 			r.log.Warn("replay consumer group error", "group", r.opts.Group, "err", err)
 		}
 	})
-	wg.Go(func() { h.watch(ctx, cancel) })
+	wg.Go(func() { h.watch(replaying, cancel) })
 
-	for ctx.Err() == nil {
+	for replaying.Err() == nil {
 		// A session ends on a rebalance (another replay joined or left);
 		// join again and go on from the committed offsets.
-		if err := group.Consume(ctx, []string{r.opts.DLQTopic}, h); err != nil && ctx.Err() == nil {
+		if err := group.Consume(replaying, []string{r.opts.DLQTopic}, h); err != nil && replaying.Err() == nil {
 			if errors.Is(err, sarama.ErrClosedConsumerGroup) {
 				return fmt.Errorf("dlq replay: consumer group %s: %w", r.opts.Group, err)
 			}
 			r.log.Warn("replay consumer group session failed; joining again", "group", r.opts.Group, "err", err)
 			select {
-			case <-ctx.Done():
+			case <-replaying.Done():
 			case <-time.After(time.Second):
 			}
 		}
 	}
-	switch cause := context.Cause(ctx); {
+	switch cause := context.Cause(replaying); {
 	case errors.Is(cause, errReplayFinished), errors.Is(cause, errReplayMaxReached):
 	case cause != nil:
 		return cause
 	}
 	// The commits are the replay's memory; make sure they arrived.
-	committed, err := kafka.CommittedOffsets(r.client, r.opts.Group, r.opts.DLQTopic)
+	committed, err := kafka.CommittedOffsets(ctx, r.client, r.opts.Group, r.opts.DLQTopic)
 	if err != nil {
 		return fmt.Errorf("dlq replay: %w", err)
 	}
@@ -137,7 +139,7 @@ func (h *replayHandler) watch(ctx context.Context, cancel context.CancelCauseFun
 		if !h.allDone(nil) {
 			// Partitions another replay holds: their committed offsets say
 			// whether it finished them.
-			c, err := kafka.CommittedOffsets(h.r.client, h.r.opts.Group, h.r.opts.DLQTopic)
+			c, err := kafka.CommittedOffsets(ctx, h.r.client, h.r.opts.Group, h.r.opts.DLQTopic)
 			if err != nil {
 				h.r.log.Warn("replay: cannot read the group's offsets", "err", err)
 				continue

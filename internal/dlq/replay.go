@@ -157,7 +157,7 @@ func Replay(ctx context.Context, k config.Kafka, opts ReplayOptions, log *slog.L
 		return rep, fmt.Errorf("dlq replay: %w", err)
 	}
 	r := &replayer{client: client, kafka: k, opts: opts, log: log, partitions: map[string]int32{}}
-	ranges, err := r.ranges()
+	ranges, err := r.ranges(ctx)
 	if err != nil {
 		return rep, err
 	}
@@ -199,13 +199,13 @@ type replayer struct {
 // ranges returns, for every DLQ partition with messages left for Group, the
 // range from the committed offset (or the oldest kept) to the end offset
 // now.
-func (r *replayer) ranges() (map[int32]replayRange, error) {
+func (r *replayer) ranges(ctx context.Context) (map[int32]replayRange, error) {
 	topic := r.opts.DLQTopic
 	ends, err := kafka.EndOffsets(r.client, topic)
 	if err != nil {
 		return nil, fmt.Errorf("dlq replay: %w", err)
 	}
-	committed, err := kafka.CommittedOffsets(r.client, r.opts.Group, topic)
+	committed, err := kafka.CommittedOffsets(ctx, r.client, r.opts.Group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("dlq replay: %w", err)
 	}

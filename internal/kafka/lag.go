@@ -57,7 +57,7 @@ func (c *Consumer) reportLag(ctx context.Context) {
 		if len(parts) == 0 {
 			continue
 		}
-		committed, err := CommittedOffsets(c.client, c.opts.Group, c.opts.Topic)
+		committed, err := CommittedOffsets(ctx, c.client, c.opts.Group, c.opts.Topic)
 		if err != nil {
 			c.log.Debug("read committed offsets", "err", err)
 			continue

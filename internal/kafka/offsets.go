@@ -1,10 +1,13 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/cenkalti/backoff/v5"
 )
 
 // EndOffsets returns the last stable offset of every partition of topic,
@@ -93,8 +96,39 @@ func partitionError(res map[int32]*sarama.OffsetResult, parts []int32) error {
 
 // CommittedOffsets returns group's committed offset of every partition of
 // topic, read from the broker: -1 where nothing is committed, also when the
-// group has never committed at all.
-func CommittedOffsets(client sarama.Client, group, topic string) (map[int32]int64, error) {
+// group has never committed at all. While the group's coordinator moves or
+// loads its offsets (after a broker restart, or when leaders move back to
+// their preferred replicas) it asks again, until ctx is done: the answer
+// comes within seconds, and an error meanwhile would fail a replay or a
+// check on a healthy cluster.
+func CommittedOffsets(ctx context.Context, client sarama.Client, group, topic string) (map[int32]int64, error) {
+	retry := backoff.NewExponentialBackOff()
+	retry.InitialInterval = 100 * time.Millisecond
+	retry.MaxInterval = time.Second
+	var busy error // the coordinator's last answer, when ctx ends the wait
+	out, err := backoff.Retry(ctx, func() (map[int32]int64, error) {
+		out, err := committedOffsets(client, group, topic)
+		if err != nil && !coordinatorBusy(err) {
+			return nil, backoff.Permanent(err)
+		}
+		busy = err
+		return out, err
+	}, backoff.WithBackOff(retry), backoff.WithMaxElapsedTime(0))
+	if err != nil && busy != nil && !errors.Is(err, busy) {
+		return nil, fmt.Errorf("%w: %w", busy, err)
+	}
+	return out, err
+}
+
+// coordinatorBusy reports whether err says the group's coordinator is
+// moving or loading its offsets, which passes.
+func coordinatorBusy(err error) bool {
+	return errors.Is(err, sarama.ErrOffsetsLoadInProgress) ||
+		errors.Is(err, sarama.ErrNotCoordinatorForConsumer) ||
+		errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable)
+}
+
+func committedOffsets(client sarama.Client, group, topic string) (map[int32]int64, error) {
 	parts, err := client.Partitions(topic)
 	if err != nil {
 		return nil, fmt.Errorf("partitions of %s: %w", topic, err)

@@ -107,7 +107,7 @@ func EndOffsets(t testing.TB, client sarama.Client, topic string) Offsets {
 // -1 where nothing is committed.
 func Committed(t testing.TB, client sarama.Client, group, topic string) Offsets {
 	t.Helper()
-	committed, err := kafka.CommittedOffsets(client, group, topic)
+	committed, err := kafka.CommittedOffsets(t.Context(), client, group, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
