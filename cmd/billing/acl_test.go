@@ -253,7 +253,7 @@ func (a *aclFixture) replay(t *testing.T, big []byte) {
 		t.Run(acl.String(), func(t *testing.T) {
 			a.revokeForTest(t, userOf(env), client, acls, acl)
 			var stdout, stderr bytes.Buffer
-			err := run(context.Background(), []string{"billing", "dlq", "replay"}, env, &stdout, &stderr)
+			err := run(context.Background(), []string{"billing", "dlq", "replay"}, env, nil, &stdout, &stderr)
 			var missing *kafkaacl.MissingError
 			if err == nil || !strings.Contains(err.Error(), acl.Explain()) || !errors.As(err, &missing) || !slices.Equal(missing.Missing, []kafkaacl.ACL{acl}) {
 				t.Fatalf("dlq replay without %s returned %v, want an error naming it alone", acl, err)
@@ -301,7 +301,7 @@ func (a *aclFixture) produce(t *testing.T) {
 	a.revoke(t, userOf(env), acls[0])
 	a.effective(t, client, acls, acls)
 	var stdout, stderr bytes.Buffer
-	if err := run(context.Background(), args, env, &stdout, &stderr); err == nil || !strings.Contains(err.Error(), acls[0].Explain()) {
+	if err := run(context.Background(), args, env, nil, &stdout, &stderr); err == nil || !strings.Contains(err.Error(), acls[0].Explain()) {
 		t.Fatalf("produce without %s returned %v, want an error naming it", acls[0], err)
 	}
 	if got := kafkatest.EndOffsets(t, h.client, h.broker.Topic)[0]; got != end {
@@ -309,7 +309,7 @@ func (a *aclFixture) produce(t *testing.T) {
 	}
 	a.grant(t, userOf(env), acls[0])
 	a.effective(t, client, acls, nil)
-	if err := run(context.Background(), args, env, &stdout, &stderr); err != nil {
+	if err := run(context.Background(), args, env, nil, &stdout, &stderr); err != nil {
 		t.Fatalf("produce with its ACL: %v\n%s", err, stderr.String())
 	}
 	if got := kafkatest.EndOffsets(t, h.client, h.broker.Topic)[0]; got != end+3 {

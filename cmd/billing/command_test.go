@@ -22,7 +22,7 @@ func startCommand(t *testing.T, environ map[string]string, args ...string) *comm
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &command{cancel: cancel, done: make(chan error, 1), stdout: &syncBuffer{}, stderr: &syncBuffer{}}
-	go func() { c.done <- run(ctx, append([]string{"billing"}, args...), environ, c.stdout, c.stderr) }()
+	go func() { c.done <- run(ctx, append([]string{"billing"}, args...), environ, nil, c.stdout, c.stderr) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

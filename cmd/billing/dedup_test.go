@@ -66,7 +66,7 @@ func TestServe_RefusesADedupRetentionShorterThanTheTopics(t *testing.T) {
 
 	env := h.environ()
 	var logs syncBuffer
-	err := run(t.Context(), []string{"billing", "serve"}, env, &logs, &logs)
+	err := run(t.Context(), []string{"billing", "serve"}, env, nil, &logs, &logs)
 	if err == nil || !strings.Contains(err.Error(), "DEDUP_RETENTION") || !strings.Contains(err.Error(), "DEDUP_ALLOW_SHORT_RETENTION") {
 		t.Fatalf("serve = %v, want a refusal naming DEDUP_RETENTION and the override", err)
 	}
@@ -96,7 +96,7 @@ func TestMaintain_CreatesAheadDropsExpiredAndReports(t *testing.T) {
 	}
 	var out, logs bytes.Buffer
 	env := map[string]string{"DATABASE_URL": h.dsn, "DEDUP_PARTITIONS_AHEAD": "5"}
-	if err := run(t.Context(), []string{"billing", "maintain"}, env, &out, &logs); err != nil {
+	if err := run(t.Context(), []string{"billing", "maintain"}, env, nil, &out, &logs); err != nil {
 		t.Fatalf("maintain: %v\n%s", err, logs.String())
 	}
 	var rep struct {
@@ -116,7 +116,7 @@ func TestMaintain_CreatesAheadDropsExpiredAndReports(t *testing.T) {
 	if !strings.Contains(logs.String(), "DEDUP_PARTITIONS_AHEAD is an earlier name of PARTITIONS_AHEAD") {
 		t.Errorf("maintain read DEDUP_PARTITIONS_AHEAD without naming PARTITIONS_AHEAD:\n%s", logs.String())
 	}
-	if err := run(t.Context(), []string{"billing", "maintain"}, map[string]string{"DATABASE_URL": h.dsn, "DEDUP_RETENTION": "1h"}, &out, &logs); err == nil || !strings.Contains(err.Error(), "DEDUP_RETENTION") {
+	if err := run(t.Context(), []string{"billing", "maintain"}, map[string]string{"DATABASE_URL": h.dsn, "DEDUP_RETENTION": "1h"}, nil, &out, &logs); err == nil || !strings.Contains(err.Error(), "DEDUP_RETENTION") {
 		t.Errorf("maintain with a 1h retention = %v, want an error naming DEDUP_RETENTION", err)
 	}
 }

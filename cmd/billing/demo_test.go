@@ -195,7 +195,7 @@ func TestDemo_ExitsZeroAfterThePassingSummary(t *testing.T) {
 	name := demoDatabase(t)
 	var stdout syncBuffer
 	err := run(t.Context(), []string{"billing", "demo", "--count", "100", "--partitions", "2", "--db-name", name,
-		"--log", filepath.Join(t.TempDir(), "serve.log")}, map[string]string{"DATABASE_URL": dbtest.ServerURL(t)}, &stdout, &stdout)
+		"--log", filepath.Join(t.TempDir(), "serve.log")}, map[string]string{"DATABASE_URL": dbtest.ServerURL(t)}, nil, &stdout, &stdout)
 	if err != nil {
 		t.Fatalf("demo exited with %v:\n%s", err, stdout.String())
 	}
@@ -239,7 +239,7 @@ func TestDemo_WithoutPostgreSQLStartsOneOfItsOwn(t *testing.T) {
 	var stdout syncBuffer
 	err := run(t.Context(), []string{"billing", "demo", "--count", "100", "--partitions", "2", "--log", filepath.Join(t.TempDir(), "serve.log")},
 		map[string]string{"DATABASE_URL": "postgres://postgres@" + closed + "/postgres?sslmode=disable",
-			"PG_BIN": os.Getenv("PG_BIN"), "BILLING_CACHE_DIR": os.Getenv("BILLING_CACHE_DIR")}, &stdout, &stdout)
+			"PG_BIN": os.Getenv("PG_BIN"), "BILLING_CACHE_DIR": os.Getenv("BILLING_CACHE_DIR")}, nil, &stdout, &stdout)
 	out := stdout.String()
 	if err != nil {
 		t.Fatalf("demo exited with %v:\n%s", err, out)
@@ -266,7 +266,7 @@ func TestDemo_WithoutPostgreSQLAndNoneToStartSaysHowToGetOne(t *testing.T) {
 	var stdout bytes.Buffer
 	err := run(t.Context(), []string{"billing", "demo", "--count", "10", "--log", filepath.Join(t.TempDir(), "serve.log")},
 		map[string]string{"DATABASE_URL": "postgres://postgres@" + freeAddr(t) + "/postgres?sslmode=disable",
-			"PG_BIN": t.TempDir(), "BILLING_CACHE_DIR": notADir}, &stdout, &stdout)
+			"PG_BIN": t.TempDir(), "BILLING_CACHE_DIR": notADir}, nil, &stdout, &stdout)
 	if err == nil {
 		t.Fatal("demo succeeded without a database")
 	}
@@ -311,7 +311,7 @@ func TestDemo_RejectsBadFlags(t *testing.T) {
 		{"--duplicates", "0.8", "--invalid", "0.5"},
 		{"--decline-every", "-1"},
 	} {
-		err := run(t.Context(), append([]string{"billing", "demo"}, args...), nil, &syncBuffer{}, &syncBuffer{})
+		err := run(t.Context(), append([]string{"billing", "demo"}, args...), nil, nil, &syncBuffer{}, &syncBuffer{})
 		if err == nil {
 			t.Errorf("demo %v succeeded", args)
 		}

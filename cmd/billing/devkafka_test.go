@@ -93,7 +93,7 @@ func TestDevkafka_InMemoryByDefaultWithTopicsFromTheEnvironment(t *testing.T) {
 
 func TestDevkafka_HelpAndBadFlags(t *testing.T) {
 	var stdout syncBuffer
-	if err := run(t.Context(), []string{"billing", "devkafka", "-h"}, nil, &stdout, &stdout); err != nil {
+	if err := run(t.Context(), []string{"billing", "devkafka", "-h"}, nil, nil, &stdout, &stdout); err != nil {
 		t.Fatalf("devkafka -h: %v", err)
 	}
 	for _, want := range []string{"not Apache Kafka", "in-memory", "-data-dir", "-partitions", "-port"} {
@@ -107,12 +107,12 @@ func TestDevkafka_HelpAndBadFlags(t *testing.T) {
 		{"--nope"},
 		{"extra"},
 	} {
-		err := run(t.Context(), append([]string{"billing", "devkafka"}, args...), nil, &syncBuffer{}, &syncBuffer{})
+		err := run(t.Context(), append([]string{"billing", "devkafka"}, args...), nil, nil, &syncBuffer{}, &syncBuffer{})
 		if err == nil {
 			t.Errorf("devkafka %v succeeded", args)
 		}
 	}
-	err := run(t.Context(), []string{"billing", "devkafka"}, map[string]string{"KAFKA_TOPIC": "bad topic"}, &syncBuffer{}, &syncBuffer{})
+	err := run(t.Context(), []string{"billing", "devkafka"}, map[string]string{"KAFKA_TOPIC": "bad topic"}, nil, &syncBuffer{}, &syncBuffer{})
 	if err == nil || !strings.Contains(err.Error(), "KAFKA_TOPIC") {
 		t.Errorf("devkafka with a bad KAFKA_TOPIC returned %v, want an error naming it", err)
 	}

@@ -20,7 +20,7 @@ import (
 func dlqReplay(t *testing.T, env map[string]string, args ...string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), append([]string{"billing", "dlq", "replay"}, args...), env, &stdout, &stderr)
+	err := run(context.Background(), append([]string{"billing", "dlq", "replay"}, args...), env, nil, &stdout, &stderr)
 	t.Logf("billing dlq replay %s\n%s", strings.Join(args, " "), stdout.String())
 	if err != nil {
 		t.Fatalf("billing dlq replay %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
@@ -133,13 +133,13 @@ func TestDLQReplay_Flags(t *testing.T) {
 		{[]string{"replay", "now"}, "takes no arguments"},
 	} {
 		var stdout, stderr bytes.Buffer
-		err := run(context.Background(), append([]string{"billing", "dlq"}, tc.args...), env, &stdout, &stderr)
+		err := run(context.Background(), append([]string{"billing", "dlq"}, tc.args...), env, nil, &stdout, &stderr)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("dlq %v: err = %v, want %q", tc.args, err, tc.want)
 		}
 	}
 	var stdout bytes.Buffer
-	if err := run(context.Background(), []string{"billing", "dlq", "replay", "-h"}, env, &stdout, &stdout); err != nil ||
+	if err := run(context.Background(), []string{"billing", "dlq", "replay", "-h"}, env, nil, &stdout, &stdout); err != nil ||
 		!strings.Contains(stdout.String(), "Usage: billing dlq replay") || !strings.Contains(stdout.String(), "-dry-run") {
 		t.Errorf("dlq replay -h: %v\n%s", err, stdout.String())
 	}

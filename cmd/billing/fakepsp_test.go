@@ -124,13 +124,13 @@ func TestFakepsp_RejectsBadFlags(t *testing.T) {
 		{"--addr", "not an address"},
 		{"positional"},
 	} {
-		err := run(t.Context(), append([]string{"billing", "fakepsp"}, args...), nil, &syncBuffer{}, &syncBuffer{})
+		err := run(t.Context(), append([]string{"billing", "fakepsp"}, args...), nil, nil, &syncBuffer{}, &syncBuffer{})
 		if err == nil {
 			t.Errorf("fakepsp %v succeeded", args)
 		}
 	}
 	var help syncBuffer
-	if err := run(t.Context(), []string{"billing", "fakepsp", "-h"}, nil, &help, &help); err != nil {
+	if err := run(t.Context(), []string{"billing", "fakepsp", "-h"}, nil, nil, &help, &help); err != nil {
 		t.Fatalf("fakepsp -h: %v", err)
 	}
 	for _, want := range []string{"PAYMENT_API_KEY", "-latency", "-fail-rate", "-reset-rate", "-decline-every", "-seed", "-addr"} {

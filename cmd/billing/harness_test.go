@@ -92,7 +92,7 @@ func startServe(t *testing.T, env map[string]string) *service {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &service{addr: env["HTTP_ADDR"], cancel: cancel, done: make(chan error, 1), logs: &syncBuffer{}}
-	go func() { s.done <- run(ctx, []string{"billing", "serve"}, env, io.Discard, s.logs) }()
+	go func() { s.done <- run(ctx, []string{"billing", "serve"}, env, nil, io.Discard, s.logs) }()
 	t.Cleanup(func() {
 		s.stop(t)
 		if t.Failed() {

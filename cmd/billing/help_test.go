@@ -30,6 +30,7 @@ var envCommands = []struct {
 	{[]string{"fakepsp"}, &fakepspConfig{}, ""},
 	{[]string{"reconcile"}, &reconcileConfig{}, ""},
 	{[]string{"dlq", "replay"}, &dlqConfig{}, ""},
+	{[]string{"payment-methods", "import"}, &config.PaymentMethods{}, ""},
 }
 
 // runHelp runs billing with args and returns what it printed on stdout,
@@ -37,7 +38,7 @@ var envCommands = []struct {
 func runHelp(t *testing.T, args ...string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	if err := run(context.Background(), append([]string{"billing"}, args...), map[string]string{}, &stdout, &stderr); err != nil {
+	if err := run(context.Background(), append([]string{"billing"}, args...), map[string]string{}, nil, &stdout, &stderr); err != nil {
 		t.Fatalf("billing %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 	}
 	if stderr.Len() > 0 {
@@ -160,7 +161,7 @@ func TestHelp_Errors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			err := run(context.Background(), append([]string{"billing"}, tt.args...), map[string]string{}, &stdout, &stderr)
+			err := run(context.Background(), append([]string{"billing"}, tt.args...), map[string]string{}, nil, &stdout, &stderr)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("billing %s: err = %v, want %q", strings.Join(tt.args, " "), err, tt.want)
 			}

@@ -17,7 +17,7 @@ func main() {
 	// Kubernetes stops a pod with SIGTERM, a terminal with SIGINT: both drain.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() { <-ctx.Done(); stop() }() // a second signal kills at once
-	if err := run(ctx, os.Args, config.Environ(), os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, os.Args, config.Environ(), os.Stdin, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "billing:", err)
 		// A command may say more than "failed": reconcile exits 2 when the
 		// books differ, so that a CronJob can tell that from an error.

@@ -58,13 +58,13 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 	// Without a provider the recoverer only reports.
 	var payer billing.Payer
 	if cfg.Payment.BaseURL == "" {
-		log.Info("PAYMENT_BASE_URL is not set: charge attempts left pending are reported, not completed")
+		log.Info("PAYMENT_BASE_URL is not set (stripe: PAYMENT_API_KEY): charge attempts left pending are reported, not completed or looked up")
 	} else {
-		client := newPayer(cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, nil, m)
+		client := newPayer(cfg.Payment.Provider, cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, nil, m)
 		defer client.Close()
 		payer = client
 	}
-	recoverer := billing.NewRecoverer(db, payer, cfg.Payment.IdempotencyWindow, m, log)
+	recoverer := billing.NewRecoverer(db, payer, billing.Horizon{ProviderWindow: cfg.Payment.IdempotencyWindow, ResolveAfter: cfg.Payment.ResolveAfter}, m, log)
 	rep, err := newMaintenance(db, cfg.Dedup, cfg.Outbox, cfg.Partitions, recoverer, cfg.Payment.RecoverAfter, m, log).once(ctx)
 	if err != nil {
 		if postgres.IsConfigError(err) {

@@ -16,6 +16,7 @@ import (
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/contract"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
 )
@@ -104,23 +105,24 @@ func (mt *maintenance) once(ctx context.Context) (maintenanceReport, error) {
 // recovery every recoverInterval, in wg, until ctx is done.
 func (mt *maintenance) schedule(ctx context.Context, wg *sync.WaitGroup, interval time.Duration) {
 	wg.Go(func() {
-		every(ctx, interval, "partition maintenance", mt.log, func(ctx context.Context) error {
+		every(ctx, interval, nil, "partition maintenance", mt.log, func(ctx context.Context) error {
 			_, err := mt.retention(ctx)
 			return err
 		})
 	})
 	wg.Go(func() {
-		every(ctx, recoverInterval(mt.idle), "charge attempt recovery", mt.log, func(ctx context.Context) error {
+		every(ctx, recoverInterval(mt.idle), mt.attempt.Woken(), "charge attempt recovery", mt.log, func(ctx context.Context) error {
 			_, err := mt.recoverAttempts(ctx)
 			return err
 		})
 	})
 }
 
-// every runs job every interval until ctx is done. A failed run is logged
-// and tried again at the next tick: maintenance that is late only delays
-// work that stays recorded.
-func every(ctx context.Context, interval time.Duration, what string, log *slog.Logger, job func(context.Context) error) {
+// every runs job every interval, and whenever wake is signalled (nil:
+// never), until ctx is done. A failed run is logged and tried again at the
+// next tick: maintenance that is late only delays work that stays
+// recorded.
+func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, what string, log *slog.Logger, job func(context.Context) error) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -128,6 +130,7 @@ func every(ctx context.Context, interval time.Duration, what string, log *slog.L
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-wake:
 		}
 		if err := job(ctx); err != nil && ctx.Err() == nil {
 			log.Warn(what+" failed; retrying at the next interval", "err", err, "interval", interval.String())
@@ -143,15 +146,29 @@ func recoverInterval(after time.Duration) time.Duration {
 }
 
 // newPayer returns the provider's client of serve and maintain, from the
-// provider's settings both read: base is PAYMENT_BASE_URL, tp traces its
-// calls (nil: none).
-func newPayer(base string, limits config.PaymentLimits, tp trace.TracerProvider, m *metrics.Metrics) *payment.Client {
-	return payment.New(payment.Config{
-		BaseURL:        base,
-		APIKey:         limits.APIKey,
+// provider's settings both read: provider is PAYMENT_PROVIDER, base
+// PAYMENT_BASE_URL, tp traces its calls (nil: none).
+func newPayer(provider, base string, limits config.PaymentLimits, tp trace.TracerProvider, m *metrics.Metrics) *payment.Client {
+	cfg := payment.Config{
 		Timeout:        limits.Timeout,
 		MaxConcurrency: limits.MaxConcurrency,
 		MaxRPS:         limits.MaxRPS,
 		TracerProvider: tp,
-	}, m)
+	}
+	var proto payment.Protocol
+	switch provider {
+	default:
+		proto = contract.New(base, limits.APIKey)
+	}
+	return payment.New(proto, cfg, m)
+}
+
+// webhookOf is the provider's notifications' reader, verifying with
+// secrets; nil when the contract has no secret (its webhook is off).
+func webhookOf(provider string, secrets []string) payment.Webhook {
+	switch {
+	case len(secrets) > 0:
+		return contract.Webhook{Secrets: secrets}
+	}
+	return nil
 }

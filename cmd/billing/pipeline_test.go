@@ -366,7 +366,7 @@ func TestServe_BadConfigurationStopsWithTheVariableNamed(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			done := make(chan error, 1)
 			var logs syncBuffer
-			go func() { done <- run(t.Context(), []string{"billing", "serve"}, c.env, &logs, &logs) }()
+			go func() { done <- run(t.Context(), []string{"billing", "serve"}, c.env, nil, &logs, &logs) }()
 			select {
 			case err := <-done:
 				if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -418,7 +418,7 @@ func TestServe_ReadyzNamesWhatIsMissing(t *testing.T) {
 	done := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { done <- run(ctx, []string{"billing", "serve"}, env, &bytes.Buffer{}, &syncBuffer{}) }()
+	go func() { done <- run(ctx, []string{"billing", "serve"}, env, nil, &bytes.Buffer{}, &syncBuffer{}) }()
 	wait.For(t, 10*time.Second, "/healthz", func() bool { c, _ := get(env["HTTP_ADDR"], "/healthz"); return c == http.StatusOK })
 	code, body = get(env["HTTP_ADDR"], "/readyz")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "consumer group session") {

@@ -28,7 +28,7 @@ func TestServe_ProfilesOnlyOnTheirOwnListener(t *testing.T) {
 		defer cancel()
 		done := make(chan error, 1)
 		logs := &syncBuffer{}
-		go func() { done <- run(ctx, []string{"billing", "serve"}, env, io.Discard, logs) }()
+		go func() { done <- run(ctx, []string{"billing", "serve"}, env, nil, io.Discard, logs) }()
 		// The index, not a profile: a heap profile of this test binary
 		// (every in-process serve of the package, under the race
 		// detector) can take longer to write than the wait on a loaded
@@ -61,7 +61,7 @@ func TestServe_ProfilesOnlyOnTheirOwnListener(t *testing.T) {
 		env["DEBUG_PPROF_ADDR"] = taken.Addr().String()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		err = run(ctx, []string{"billing", "serve"}, env, io.Discard, io.Discard)
+		err = run(ctx, []string{"billing", "serve"}, env, nil, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "DEBUG_PPROF_ADDR") {
 			t.Errorf("serve with DEBUG_PPROF_ADDR taken: %v, want an error naming DEBUG_PPROF_ADDR", err)
 		}

@@ -22,7 +22,7 @@ func runProduce(t *testing.T, b *kafkatest.Broker, args ...string) produceSummar
 	t.Helper()
 	var stdout, stderr syncBuffer
 	env := map[string]string{"KAFKA_BROKERS": b.Addr(), "KAFKA_TOPIC": b.Topic}
-	if err := run(t.Context(), append([]string{"billing", "produce"}, args...), env, &stdout, &stderr); err != nil {
+	if err := run(t.Context(), append([]string{"billing", "produce"}, args...), env, nil, &stdout, &stderr); err != nil {
 		t.Fatalf("produce %v: %v\n%s", args, err, stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
@@ -175,14 +175,14 @@ func TestProduce_RejectsBadInput(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out bytes.Buffer
-			err := run(t.Context(), append([]string{"billing", "produce"}, tt.args...), tt.env, &out, &out)
+			err := run(t.Context(), append([]string{"billing", "produce"}, tt.args...), tt.env, nil, &out, &out)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("produce %v returned %v, want an error naming %s", tt.args, err, tt.want)
 			}
 		})
 	}
 	var help bytes.Buffer
-	if err := run(t.Context(), []string{"billing", "produce", "-h"}, nil, &help, &help); err != nil {
+	if err := run(t.Context(), []string{"billing", "produce", "-h"}, nil, nil, &help, &help); err != nil {
 		t.Fatalf("produce -h: %v", err)
 	}
 	for _, want := range []string{"-count", "-rate", "-duplicates", "-invalid", "-currencies", "-first-order", "-seed", "KAFKA_BROKERS"} {

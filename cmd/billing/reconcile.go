@@ -11,7 +11,6 @@ import (
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/reconcile"
 )
@@ -104,8 +103,7 @@ func reconcileCmd(ctx context.Context, args []string, environ map[string]string,
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer db.Close()
-	ledger := payment.New(payment.Config{BaseURL: cfg.Payment.BaseURL, APIKey: cfg.Payment.APIKey, Timeout: cfg.Payment.Timeout},
-		metrics.New(prometheus.NewRegistry()))
+	ledger := newPayer(cfg.Payment.Provider, cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, nil, metrics.New(prometheus.NewRegistry()))
 	defer ledger.Close()
 
 	rep, err := reconcile.Reconcile(ctx, reconcile.NewStore(db), ledger, win, reconcile.Options{Slack: *slack})

@@ -21,7 +21,7 @@ import (
 func reconcileRun(t *testing.T, env map[string]string, args ...string) (string, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), append([]string{"billing", "reconcile"}, args...), env, &stdout, &stderr)
+	err := run(context.Background(), append([]string{"billing", "reconcile"}, args...), env, nil, &stdout, &stderr)
 	t.Logf("billing reconcile %s\n%s%s", strings.Join(args, " "), stdout.String(), stderr.String())
 	return stdout.String(), err
 }

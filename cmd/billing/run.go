@@ -29,6 +29,8 @@ Commands:
   fakepsp    a fake payment provider with idempotency and fault injection
   reconcile  compare the charge table with the provider's charges of a window; non-zero exit when they differ
   dlq replay republish parked dead-letter messages, unchanged, to the topic they came from
+  payment-methods import
+             upsert which saved payment method pays for each customer (CSV on stdin)
   version    print the version (also --version, -v)
   help       this text; billing help <command> describes a command
 
@@ -42,7 +44,7 @@ var errUsage = errors.New("usage: billing <command>; see billing help")
 
 // run is billing's real main: it takes everything from the outside world as
 // arguments, so that tests can run the whole binary in-process.
-func run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, environ map[string]string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) < 2 {
 		fmt.Fprint(stderr, usage)
 		return errUsage
@@ -67,6 +69,8 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return reconcileCmd(ctx, rest, environ, stdout, stderr)
 	case "dlq":
 		return dlqCmd(ctx, rest, environ, stdout, stderr)
+	case "payment-methods":
+		return paymentMethodsCmd(ctx, rest, environ, stdin, stdout, stderr)
 	case "version", "--version", "-v":
 		return versionCmd(rest, stdout)
 	case "help", "-h", "--help":
@@ -75,7 +79,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return nil
 		}
 		// billing help <command> is billing <command> -h.
-		return run(ctx, append(append([]string{args[0]}, rest...), "-h"), environ, stdout, stderr)
+		return run(ctx, append(append([]string{args[0]}, rest...), "-h"), environ, stdin, stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q", cmd)

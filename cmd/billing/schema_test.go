@@ -93,7 +93,7 @@ func serveUntilItStops(t *testing.T, dsn string) error {
 	var logs syncBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := run(ctx, []string{"billing", "serve"}, schemaEnv(t, dsn), io.Discard, &logs)
+	err := run(ctx, []string{"billing", "serve"}, schemaEnv(t, dsn), nil, io.Discard, &logs)
 	if ctx.Err() != nil {
 		t.Fatalf("serve was still running after 30s\n%s", logs.String())
 	}
@@ -120,7 +120,7 @@ func TestServe_StartsOnANewerSchema(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"billing", "serve"}, env, io.Discard, logs) }()
+	go func() { done <- run(ctx, []string{"billing", "serve"}, env, nil, io.Discard, logs) }()
 	waitLogLine(t, logs, done, 20*time.Second, func(l logLine) bool { return strings.HasPrefix(l.Msg, "the database schema is newer") })
 	// It goes on to Kafka, which refuses here.
 	waitLogLine(t, logs, done, 20*time.Second, func(l logLine) bool { return l.Msg == "kafka unreachable; waiting" })

@@ -95,7 +95,7 @@ func oneShot(t *testing.T, dsn string, args ...string) (string, error) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	err := run(ctx, append([]string{"billing"}, args...), map[string]string{"DATABASE_URL": dsn}, &out, &out)
+	err := run(ctx, append([]string{"billing"}, args...), map[string]string{"DATABASE_URL": dsn}, nil, &out, &out)
 	return out.String(), err
 }
 

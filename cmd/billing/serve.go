@@ -31,6 +31,7 @@ import (
 	"example.com/billing/internal/schema"
 	"example.com/billing/internal/server"
 	"example.com/billing/internal/tracing"
+	"example.com/billing/internal/webhook"
 )
 
 const serveHelp = `
@@ -145,11 +146,17 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 
 	// The provider's client outlives the background work that charges
 	// through it (maintenance's recovery), which stops first.
-	payer := newPayer(cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, tp, m)
+	payer := newPayer(cfg.Payment.Provider, cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, tp, m)
 	defer payer.Close()
-	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew, ProviderWindow: cfg.Payment.IdempotencyWindow}
+	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew,
+		ProviderWindow: cfg.Payment.IdempotencyWindow, ResolveAfter: cfg.Payment.ResolveAfter}
 	processor := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
 	live.proc.Store(processor)
+	stopWebhooks, err := startWebhooks(cfg, processor, m, log, cancel)
+	if err != nil {
+		return err
+	}
+	defer stopWebhooks()
 	var background sync.WaitGroup
 	defer func() { cancel(nil); background.Wait() }() // stopped before the pool closes under it
 	startMaintenance(ctx, &background, cfg, db, processor, m, log)
@@ -279,6 +286,19 @@ func startHTTPServers(cfg config.Serve, ready server.Readiness, reg *prometheus.
 		return nil, err
 	}
 	return func() { stopPprof(); stopHTTP() }, nil
+}
+
+// startWebhooks serves the provider's notifications on WEBHOOK_ADDR,
+// recorded through processor; stop shuts the listener down. The contract's
+// webhook is off without PAYMENT_WEBHOOK_SECRET: its outcomes are then
+// learnt by lookups alone.
+func startWebhooks(cfg config.Serve, processor *billing.Processor, m *metrics.Metrics, log *slog.Logger, fail context.CancelCauseFunc) (stop func(), err error) {
+	verify := webhookOf(cfg.Payment.Provider, cfg.Webhooks.Secrets)
+	if verify == nil {
+		log.Info("webhooks off: no PAYMENT_WEBHOOK_SECRET; outcomes the provider decides later are learnt by lookups", "provider", cfg.Payment.Provider)
+		return func() {}, nil
+	}
+	return startHTTP("WEBHOOK_ADDR", cfg.Webhooks.Addr, webhook.NewHandler(cfg.Payment.Provider, verify, processor, m, log), log, fail)
 }
 
 // startMaintenance runs the tables' upkeep in background: the retention

@@ -33,7 +33,7 @@ func TestServe_StopsWhileTheDatabaseDoesNotAnswer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"billing", "serve"}, env, io.Discard, logs) }()
+	go func() { done <- run(ctx, []string{"billing", "serve"}, env, nil, io.Discard, logs) }()
 	wait.For(t, 60*time.Second, "/readyz 200", func() bool {
 		code, _ := get(env["HTTP_ADDR"], "/readyz")
 		return code == http.StatusOK

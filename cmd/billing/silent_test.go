@@ -59,7 +59,7 @@ func TestServe_BrokerThatDoesNotAnswer(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			began := time.Now()
-			go func() { done <- run(ctx, []string{"billing", "serve"}, env, io.Discard, logs) }()
+			go func() { done <- run(ctx, []string{"billing", "serve"}, env, nil, io.Discard, logs) }()
 
 			waiting := func(l logLine) bool {
 				return strings.HasPrefix(l.Msg, "waiting for Kafka") && slices.Contains(l.Brokers, broker) && l.WaitingFor != ""

@@ -186,7 +186,7 @@ func TestServe_SecretsNeverReachLogsOrMetrics(t *testing.T) {
 		var logs syncBuffer
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		err := run(ctx, []string{"billing", "serve"}, bad, &logs, &logs)
+		err := run(ctx, []string{"billing", "serve"}, bad, nil, &logs, &logs)
 		if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
 			t.Fatalf("serve returned %v, want an error naming DATABASE_URL", err)
 		}

@@ -20,6 +20,7 @@ import (
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/contract"
 )
 
 // restart returns a Processor on f's database and provider with nothing in
@@ -29,7 +30,7 @@ func (f *fixture) restart(t *testing.T) (*billing.Processor, *metrics.Metrics) {
 	srv := httptest.NewServer(f.psp)
 	t.Cleanup(srv.Close)
 	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
 	t.Cleanup(payer.Close)
 	horizon := billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour}
 	return running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, horizon, m, noop.NewTracerProvider(),
@@ -135,7 +136,7 @@ func TestProcess_AfterADeclinedAttemptTheNextEventCharges(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	t.Cleanup(payer.Close)
 	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
@@ -203,7 +204,7 @@ func TestRecoverer_StandaloneReportsWithoutAPayerAndCompletesWithOne(t *testing.
 	m := metrics.New(prometheus.NewRegistry())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	rep, err := billing.NewRecoverer(f.db, nil, 24*time.Hour, m, log).Recover(context.Background(), 0)
+	rep, err := billing.NewRecoverer(f.db, nil, billing.Horizon{ProviderWindow: 24 * time.Hour, ResolveAfter: time.Minute}, m, log).Recover(context.Background(), 0)
 	if err != nil || rep.Pending != 1 || len(rep.Completed) != 0 {
 		t.Fatalf("without a payer: %+v, %v; want 1 pending, none completed", rep, err)
 	}
@@ -213,9 +214,9 @@ func TestRecoverer_StandaloneReportsWithoutAPayerAndCompletesWithOne(t *testing.
 
 	srv := httptest.NewServer(f.psp)
 	t.Cleanup(srv.Close)
-	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	t.Cleanup(payer.Close)
-	rep, err = billing.NewRecoverer(f.db, payer, 24*time.Hour, m, log).Recover(context.Background(), 0)
+	rep, err = billing.NewRecoverer(f.db, payer, billing.Horizon{ProviderWindow: 24 * time.Hour, ResolveAfter: time.Minute}, m, log).Recover(context.Background(), 0)
 	if err != nil || rep.Completed["succeeded"] != 1 {
 		t.Fatalf("with a payer: %+v, %v; want one succeeded", rep, err)
 	}
@@ -311,7 +312,7 @@ func TestProcess_ReplayOfARejectedEventAsksAgain(t *testing.T) {
 	srv := httptest.NewServer(fixed)
 	t.Cleanup(srv.Close)
 	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	t.Cleanup(payer.Close)
 	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))

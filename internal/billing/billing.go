@@ -78,6 +78,11 @@ const (
 	// provider-rejected events too), counted by the dead-letter writer
 	// once parked; billing_dlq_messages_total{reason} tells them apart.
 	Parked
+	// InProgress: the message is finished, its outcome decided later: the
+	// provider holds its payment without a verdict (in_progress), or the
+	// event waits for another attempt of its order that the provider
+	// holds. The settle that records the outcome counts it (charge.deferred).
+	InProgress
 )
 
 // String returns the outcome's metric label.
@@ -95,6 +100,8 @@ func (o Outcome) String() string {
 		return metrics.OutcomeDeclined
 	case Parked:
 		return metrics.OutcomeInvalid
+	case InProgress:
+		return "in_progress"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
@@ -116,21 +123,36 @@ type Result struct {
 }
 
 // announced reports whether r is an event parked for a reason of its own
-// (stale-event, payload-mismatch), whose payment.failed.v1 outcome the
-// claim records so that the order service does not wait for it for ever
-// (a provider-rejected one's is recorded by its settle).
+// (stale-event, payload-mismatch, no-payment-method), whose
+// payment.failed.v1 outcome the claim records so that the order service
+// does not wait for it for ever (a provider-rejected one's is recorded by
+// its settle).
 func (r Result) announced() bool {
-	return r.Outcome == Parked && (r.Reason.Code == reason.StaleEvent || r.Reason.Code == reason.PayloadMismatch)
+	switch r.Reason.Code {
+	case reason.StaleEvent, reason.PayloadMismatch, reason.NoPaymentMethod:
+		return r.Outcome == Parked
+	}
+	return false
 }
 
 func (r *Result) park(code reason.Code, detail string) {
 	r.Outcome, r.Reason = Parked, reason.Reason{Code: code, Detail: detail}
 }
 
-// Payer charges through the payment provider. Its errors wrap
-// payment.ErrDeclined or payment.ErrRejected, or are transient.
+// Payer charges through the payment provider (payment.Client). Its errors
+// are transient: what the provider said is the Outcome.
 type Payer interface {
-	Charge(ctx context.Context, r payment.Request) (payment.Charge, error)
+	Charge(ctx context.Context, r payment.Request) (payment.Outcome, error)
+	// Resolve asks the provider what became of an attempt whose outcome
+	// billing does not know.
+	Resolve(ctx context.Context, l payment.Lookup) (payment.Outcome, error)
+}
+
+// walletBound is a Payer whose requests charge a customer's saved payment
+// method, kept in payment_method under the provider's name (Wallet); a
+// Payer without it, or with "", charges by customer id.
+type walletBound interface {
+	Wallet() string
 }
 
 // concurrencyBound is a Payer that sends at most Concurrency() requests at
@@ -153,6 +175,10 @@ type Horizon struct {
 	// could be charged a second time if asked again: it is reported, never
 	// retried blindly.
 	ProviderWindow time.Duration
+	// ResolveAfter is how long an in_progress attempt waits for the
+	// provider's notification before billing asks the provider about it
+	// (PAYMENT_RESOLVE_AFTER).
+	ResolveAfter time.Duration
 }
 
 // Fence says whether the consumer that handed a message over may still act
@@ -227,7 +253,7 @@ const maxRounds = 8
 // for settles (at least one each). Its Recoverer completes the attempts
 // left pending.
 func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *Processor {
-	p := &Processor{settler: newSettler(db, m, tp, log), dedup: store, payer: payer, horizon: horizon,
+	p := &Processor{settler: newSettler(db, payer, horizon.ResolveAfter, m, tp, log), dedup: store, payer: payer, horizon: horizon,
 		claims: newQueue[*job](), settles: newQueue[*call](), writers: max(1, db.Stats().MaxOpenConnections/4),
 		callers: &callers{}, instance: uuid.Must(uuid.NewV4()).String()}
 	p.onSettled = p.decide
@@ -264,8 +290,8 @@ func (j *job) finish(err error) {
 		if err != nil && j.ctx.Err() == nil && !errors.Is(err, ErrStopped) && !errors.Is(err, errFenced) { // not the caller giving up
 			j.metrics.Retries.WithLabelValues(retryCause(err)).Inc()
 		}
-	case Parked:
-		err = nil
+	case Parked, InProgress:
+		err = nil // a parked one is counted once parked, one in progress once settled
 	default:
 		err = nil
 		j.metrics.Events.WithLabelValues(j.res.Outcome.String()).Inc()
@@ -385,9 +411,14 @@ func (p *Processor) decide(c *call, j *job) {
 			j.finish(ErrStopped)
 		}
 	case c.a.Status == charge.Pending:
-		j.finish(cmp.Or(c.err, errUnanswered)) // still unanswered: the caller retries
+		j.finish(cmp.Or(c.err, c.unanswered(), errUnanswered)) // still unanswered: the caller retries
 	case !own:
-		p.again(j) // the order's other attempt is settled: decide now
+		p.again(j) // the order's other attempt is settled or in progress: decide now
+	case c.a.Status == charge.InProgress:
+		// The provider holds the payment; its notification or a lookup
+		// settles it, and that settle counts it.
+		j.res.Outcome = InProgress
+		j.finish(nil)
 	case c.a.Status == charge.Rejected:
 		detail := "the provider refused the request"
 		if c.a.LastError != nil {
@@ -395,13 +426,15 @@ func (p *Processor) decide(c *call, j *job) {
 		}
 		j.res.park(reason.ProviderRejected, detail)
 		j.finish(nil)
-	case c.settledHere && c.counted == j:
+	case c.settledHere && c.counted == j && !c.a.Deferred:
 		j.res.Outcome = outcomeOf(c.a.Status)
 		j.finish(nil)
 	default:
 		// Settled by another worker (a copy of the event, another event
-		// of the order, maintenance), or j is a second copy: the next
-		// claim decides which message counts it.
+		// of the order, maintenance, a notification), or j is a second
+		// copy, or its outcome was counted when its first copy's message
+		// was finished in progress: the next claim decides which message
+		// counts it.
 		p.again(j)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/contract"
 	"example.com/billing/internal/testenv/dbtest"
 )
 
@@ -44,7 +45,7 @@ func newFixture(t *testing.T, opts fakepsp.Options) *fixture {
 	srv := httptest.NewServer(psp)
 	t.Cleanup(srv.Close)
 	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
 	t.Cleanup(payer.Close)
 	horizon := billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -501,7 +502,7 @@ func seedProviderKey(t *testing.T, f *fixture, ev order.Event) {
 	// Charge ev's key at the provider with ev's (altered) body, directly.
 	srv := httptest.NewServer(f.psp)
 	defer srv.Close()
-	c := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 1}, metrics.New(prometheus.NewRegistry()))
+	c := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 1}, metrics.New(prometheus.NewRegistry()))
 	defer c.Close()
 	if _, err := c.Charge(context.Background(), payment.Request{
 		IdempotencyKey: ev.ID.String(), OrderID: ev.OrderID, CustomerID: ev.CustomerID,
@@ -553,7 +554,7 @@ func TestProcess_EventSettledUnderAnotherGroupIsNotChargedAgain(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry())
 	srv := httptest.NewServer(f.psp)
 	defer srv.Close()
-	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
 	defer payer.Close()
 	other := running(t, billing.NewProcessor(f.db, dedup.NewStore("another-group"), payer,
 		billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour}, m, noop.NewTracerProvider(),
@@ -591,7 +592,7 @@ func (f *fixture) processorFor(t *testing.T, url string) *billing.Processor {
 func (f *fixture) processorWithSlots(t *testing.T, url string, slots int) *billing.Processor {
 	t.Helper()
 	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(payment.Config{BaseURL: url, Timeout: 5 * time.Second, MaxConcurrency: slots}, m)
+	payer := payment.New(contract.New(url, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: slots}, m)
 	t.Cleanup(payer.Close)
 	return running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
@@ -605,7 +606,7 @@ func (f *fixture) stoppable(t *testing.T) (*billing.Processor, context.Context, 
 	srv := httptest.NewServer(f.psp)
 	t.Cleanup(srv.Close)
 	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 64}, m)
 	t.Cleanup(payer.Close)
 	p := billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil)))

@@ -24,7 +24,20 @@ func newAttemptOf(ev order.Event) charge.Row {
 // sends it, so that the provider recognises a repeat.
 func request(a charge.Row) payment.Request {
 	return payment.Request{IdempotencyKey: a.EventID.String(), OrderID: a.OrderID,
-		CustomerID: a.CustomerID, Amount: a.Amount, Currency: a.Currency}
+		CustomerID: a.CustomerID, Amount: a.Amount, Currency: a.Currency,
+		CustomerRef: deref(a.CustomerRef), PaymentMethodRef: deref(a.PaymentMethodRef)}
+}
+
+// lookup is what the provider is asked about attempt a.
+func lookup(a charge.Row) payment.Lookup {
+	return payment.Lookup{Request: request(a), Ref: deref(a.ProviderChargeID), Created: a.CreatedAt}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // sameRequest reports whether ev asks for the charge a records.
@@ -60,10 +73,16 @@ type call struct {
 	// when none waits for it here.
 	countedFor *job
 
-	sent    bool           // the request went out
-	charge  payment.Charge // the provider's charge, when it charged
-	err     error          // the provider's answer when not a charge, or why it was not sent
-	expired bool           // older than the provider's idempotency window: not sent
+	sent bool // the request went out (or, for a notification or a lookup, the answer came)
+	// requests is 1 when the answer is a provider request's, 0 for a
+	// notification's or a lookup's.
+	requests int
+	out      payment.Outcome // what the provider said, when it answered
+	err      error           // why there is no answer: transient, or not sent
+	expired  bool            // older than the provider's idempotency window: not sent
+	// next, for an in_progress answer of a lookup, is when to look again
+	// (zero: PAYMENT_RESOLVE_AFTER from now).
+	next time.Time
 	// settles counts the settles that failed, settleErr says why the
 	// last did: the answer is kept and settled again, never asked again.
 	settles   int
@@ -78,6 +97,21 @@ type call struct {
 
 func newCall(a charge.Row, fromRow bool) *call {
 	return &call{a: a, fromRow: fromRow}
+}
+
+// answered records the answer of c's request.
+func (c *call) answered(out payment.Outcome, err error) {
+	c.sent, c.requests, c.out, c.err = true, 1, out, err
+}
+
+// unanswered says why an attempt whose request was answered stays pending:
+// the provider stored an answer without a verdict, which is sent once
+// more before billing looks the payment up; nil otherwise.
+func (c *call) unanswered() error {
+	if c.err == nil && c.out.Kind == payment.Indeterminate {
+		return payment.Transient("indeterminate", 0, fmt.Errorf("the provider stored an answer without a verdict (%s); asking once more under the same key", c.out.Detail))
+	}
+	return nil
 }
 
 // send runs phase 2 for c: its request, with no transaction open, as soon
@@ -101,8 +135,8 @@ func (p *Processor) send(ctx context.Context, c *call) bool {
 		p.log.Error("charge attempt older than the provider's idempotency window; not retried blindly (reconcile it)",
 			"event_id", id.String(), "order_id", c.a.OrderID, "created_at", c.a.CreatedAt, "window", window.String())
 	case c.a.Status != charge.Pending:
-		// Settled since the claim read it (skipSettled): the settle
-		// reads what was recorded.
+		// Settled or in progress since the claim read it (skipSettled):
+		// the settle reads what was recorded.
 	default:
 		p.callers.do(func() {
 			if err := p.wanted(c); err != nil {
@@ -113,8 +147,7 @@ func (p *Processor) send(ctx context.Context, c *call) bool {
 				// sends nothing more.
 				req := request(c.a)
 				req.Ready = func() error { return p.wanted(c) }
-				c.sent = true
-				c.charge, c.err = p.payer.Charge(trace.ContextWithSpanContext(ctx, c.trace), req)
+				c.answered(p.payer.Charge(trace.ContextWithSpanContext(ctx, c.trace), req))
 				if errors.Is(c.err, payment.ErrNotSent) {
 					c.sent = false // left pending
 				}

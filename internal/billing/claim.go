@@ -39,9 +39,10 @@ const (
 	newAttempt     intent = iota // record a pending attempt and charge it
 	resume                       // complete the event's own pending attempt
 	retryRejected                // ask again after the provider refused the request
-	settled                      // the event's attempt is settled: nothing to do
+	settled                      // the event's attempt is settled or in progress: nothing to do
 	alreadyCharged               // another event of the order succeeded
 	copyInBatch                  // a later copy of an event claimed earlier in this batch
+	waitHeld                     // the order's payment is in progress: wait for its verdict
 )
 
 // claimBatch runs phase 1 for jobs in one transaction and sends each on:
@@ -124,6 +125,7 @@ type claimTx struct {
 	byEvent map[uuid.UUID]charge.Row // the attempts read, by event
 	paid    map[int64]bool           // orders with a succeeded attempt
 	busy    map[int64]uuid.UUID      // order → the attempt this claim completes for it
+	held    map[int64]bool           // orders with an in_progress attempt
 
 	claimed []*job // the events recorded in the dedup store, in batch order
 	intents map[*job]intent
@@ -176,7 +178,7 @@ func (c *claimTx) lockAndRead(ctx context.Context, claiming []*job) error {
 	if err != nil {
 		return err
 	}
-	c.byEvent, c.paid, c.busy = map[uuid.UUID]charge.Row{}, map[int64]bool{}, map[int64]uuid.UUID{}
+	c.byEvent, c.paid, c.busy, c.held = map[uuid.UUID]charge.Row{}, map[int64]bool{}, map[int64]uuid.UUID{}, map[int64]bool{}
 	for _, a := range rows {
 		c.byEvent[a.EventID] = a
 		switch a.Status {
@@ -185,6 +187,8 @@ func (c *claimTx) lockAndRead(ctx context.Context, claiming []*job) error {
 		case charge.Pending:
 			c.busy[a.OrderID] = a.EventID
 			c.pl.calls[a.EventID] = newCall(a, true)
+		case charge.InProgress:
+			c.held[a.OrderID] = true
 		}
 	}
 	return nil
@@ -221,6 +225,10 @@ func (c *claimTx) intend(claiming []*job) {
 				c.pl.waits[j] = b // decided once that attempt is settled
 				continue
 			}
+			if c.held[ev.OrderID] {
+				in = waitHeld
+				break
+			}
 			in = newAttempt
 			if hasOwn {
 				in = retryRejected
@@ -236,13 +244,15 @@ func (c *claimTx) intend(claiming []*job) {
 
 // record acts on the dedup store's verdicts: the attempts to record,
 // resume or ask again, the events decided at once (counted when their own
-// attempt's outcome is theirs to count), and the failures to announce.
+// attempt's outcome is theirs to count), the events that wait for their
+// order's payment in progress, and the failures to announce.
 func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce []*job) error {
-	var fresh []charge.Row
-	var retried []uuid.UUID
+	var fresh, retried []*job // new attempts, refused ones asked again
+	var waiting []charge.Row
 	var settledOwn []*job
 	for n, j := range c.claimed {
 		ev, in, v := j.res.Event, c.intents[j], verdicts[n]
+		_, hasOwn := c.byEvent[ev.ID]
 		r := j.res
 		switch {
 		case v == dedup.Mismatch:
@@ -250,32 +260,33 @@ func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce
 				ev.ID, c.entries[n].Fingerprint[:8]))
 			c.decided[j] = r
 			continue
-		case in == resume || in == retryRejected:
-			// A redelivery, a retry or a replay of an event whose
-			// attempt is recorded: complete it under the same key.
-			call := newCall(c.byEvent[ev.ID], in == resume)
-			if in == retryRejected {
-				retried = append(retried, ev.ID)
-				call.a.Status, call.a.CreatedAt = charge.Pending, c.p.now()
-			}
+		case in == resume:
+			// A redelivery or a retry of an event whose attempt is
+			// recorded: complete it under the same key.
 			c.pl.waits[j] = ev.ID
-			c.pl.calls[ev.ID] = call
+			c.pl.calls[ev.ID] = newCall(c.byEvent[ev.ID], true)
 			continue
+		case in == retryRejected:
+			retried = append(retried, j) // a replay: asked again below
+			continue
+		case in == waitHeld && (v != dedup.Seen || hasOwn):
+			// Its order's payment is in progress: decided when that is
+			// settled (waiting.go). A replayed refused event waits too.
+			waiting = append(waiting, newAttemptOf(ev))
+			r.Outcome = InProgress
 		case in == settled:
 			// Counted below when no message of the event counted it.
 			r.Outcome, r.Recorded = Duplicate, outcomeOf(c.byEvent[ev.ID].Status)
 			settledOwn = append(settledOwn, j)
 		case v == dedup.Seen || in == copyInBatch:
 			// Claimed before without an attempt of its own: a business
-			// duplicate then, or its attempt was settled elsewhere.
+			// duplicate then, or its attempt was settled elsewhere, or it
+			// waits for its order's payment.
 			r.Outcome = Duplicate
 		case in == alreadyCharged:
 			r.Outcome = AlreadyCharged
 		default: // newAttempt, first seen
-			a := newAttemptOf(ev)
-			fresh = append(fresh, a)
-			c.pl.waits[j] = ev.ID
-			c.pl.calls[ev.ID] = newCall(a, false)
+			fresh = append(fresh, j)
 			continue
 		}
 		c.decided[j] = r
@@ -283,10 +294,10 @@ func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce
 	if err := c.p.count(ctx, c.tx, settledOwn, c.decided); err != nil {
 		return err
 	}
-	if err := charge.InsertPending(ctx, c.tx, fresh); err != nil {
+	if err := charge.Wait(ctx, c.tx, waiting); err != nil {
 		return err
 	}
-	if err := charge.Reopen(ctx, c.tx, retried); err != nil {
+	if err := c.attempts(ctx, fresh, retried); err != nil {
 		return err
 	}
 	// The failures of the events parked for a reason of their own, under
@@ -301,6 +312,63 @@ func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce
 		}
 	}
 	return outbox.Record(ctx, c.tx, failures)
+}
+
+// attempts records the attempts of fresh (new events that may charge their
+// order) and asks again those of retried (replays of events the provider
+// refused), each with its customer's saved payment method when the provider
+// charges one. An event whose customer has none is parked
+// no-payment-method, with a refused attempt that a replay re-opens, and
+// nothing is sent.
+func (c *claimTx) attempts(ctx context.Context, fresh, retried []*job) error {
+	methods, err := c.p.methodsOf(ctx, c.tx, c.rowsOf(append(slices.Clone(fresh), retried...)))
+	if err != nil {
+		return err
+	}
+	var inserted, reopened []charge.Row
+	for _, j := range append(slices.Clone(fresh), retried...) {
+		ev := j.res.Event
+		a, isRetry := c.byEvent[ev.ID]
+		if !isRetry {
+			a = newAttemptOf(ev)
+		}
+		if wallet := c.p.wallet; wallet != "" {
+			m, ok := methods[ev.CustomerID]
+			if !ok {
+				why := noMethodDetail(wallet, ev.CustomerID)
+				r := j.res
+				r.park(reason.NoPaymentMethod, why)
+				c.decided[j] = r
+				if !isRetry {
+					a.Status, a.LastError = charge.Rejected, &why
+					inserted = append(inserted, a)
+				}
+				continue
+			}
+			a.CustomerRef, a.PaymentMethodRef = &m.CustomerRef, &m.PaymentMethodRef
+		}
+		if isRetry {
+			a.Status, a.CreatedAt, a.Indeterminate = charge.Pending, c.p.now(), 0
+			reopened = append(reopened, a)
+		} else {
+			inserted = append(inserted, a)
+		}
+		c.pl.waits[j] = ev.ID
+		c.pl.calls[ev.ID] = newCall(a, false)
+	}
+	if err := charge.Insert(ctx, c.tx, inserted); err != nil {
+		return err
+	}
+	return charge.Reopen(ctx, c.tx, reopened)
+}
+
+// rowsOf is the attempts jobs' events would record.
+func (c *claimTx) rowsOf(jobs []*job) []charge.Row {
+	rows := make([]charge.Row, len(jobs))
+	for i, j := range jobs {
+		rows[i] = newAttemptOf(j.res.Event)
+	}
+	return rows
 }
 
 // failureOf is the payment.failed.v1 outcome of an event parked for a

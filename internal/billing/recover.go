@@ -1,7 +1,9 @@
 package billing
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -13,12 +15,15 @@ import (
 
 	"example.com/billing/internal/charge"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/payment"
 )
 
 // Recoverer completes the charge attempts left pending, which no event's
 // message is completing (a consumer crashed after the claim, or the event
-// was parked before its attempt was answered), and reports the pending and
-// the expired ones.
+// was parked before its attempt was answered), resolves the ones whose
+// outcome billing does not know by asking the provider (in_progress
+// attempts no notification settled, pending ones past the provider's
+// window), and reports what needs a human.
 //
 // It completes an attempt as the event's own consumer would: the same
 // request under the same key, settled by the same settle, which records
@@ -44,11 +49,17 @@ func (p *Processor) Recoverer() *Recoverer {
 
 // NewRecoverer returns a recoverer for a process that consumes nothing
 // (billing maintain). It charges through payer; with a nil payer it only
-// reports (Recover is Report). window is the provider's idempotency window
-// (PAYMENT_IDEMPOTENCY_WINDOW).
-func NewRecoverer(db *sqlx.DB, payer Payer, window time.Duration, m *metrics.Metrics, log *slog.Logger) *Recoverer {
-	return &Recoverer{s: newSettler(db, m, noop.NewTracerProvider(), log), payer: payer, window: window}
+// reports (Recover is Report). horizon's ProviderWindow is the provider's
+// idempotency window (PAYMENT_IDEMPOTENCY_WINDOW), its ResolveAfter how
+// long an in_progress attempt waits for a notification.
+func NewRecoverer(db *sqlx.DB, payer Payer, horizon Horizon, m *metrics.Metrics, log *slog.Logger) *Recoverer {
+	return &Recoverer{s: newSettler(db, payer, horizon.ResolveAfter, m, noop.NewTracerProvider(), log), payer: payer, window: horizon.ProviderWindow}
 }
+
+// Woken is signalled when an attempt was recorded that no message sends
+// (an event that waited for its order's payment became the order's next
+// attempt): recovery sends it, and need not wait for its next round.
+func (r *Recoverer) Woken() <-chan struct{} { return r.s.woken }
 
 // RecoveryReport says what one Recover or Report run found and did.
 type RecoveryReport struct {
@@ -64,6 +75,15 @@ type RecoveryReport struct {
 	// did not answer (they are tried again at a later run).
 	Completed  map[string]int `json:"completed"`
 	Unanswered int            `json:"unanswered"`
+	// InProgress is the number of attempts the provider holds without a
+	// verdict, the oldest created OldestInProgress ago; Resolved counts
+	// those this run's lookups settled (in_progress, and pending past the
+	// window), by recorded status; Unresolved the open attempts older than
+	// the window the provider cannot find: they wait for a human.
+	InProgress       int            `json:"inProgress"`
+	OldestInProgress time.Duration  `json:"oldestInProgress"`
+	Resolved         map[string]int `json:"resolved"`
+	Unresolved       int            `json:"unresolved"`
 }
 
 // recoverSettles is how often one run tries to record the answers it got.
@@ -86,8 +106,14 @@ const maxExpiredListed = 100
 func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryReport, error) {
 	s := r.s
 	rep, err := r.Report(ctx)
-	if err != nil || rep.Pending == 0 || r.payer == nil {
+	if err != nil || r.payer == nil {
 		return rep, err
+	}
+	if err := r.resolve(ctx, idle, &rep); err != nil {
+		return rep, err
+	}
+	if rep.Pending == 0 {
+		return rep, nil
 	}
 	window := r.window
 
@@ -116,27 +142,10 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	}
 	var wg sync.WaitGroup
 	for _, c := range calls {
-		c.sent = true
-		wg.Go(func() { c.charge, c.err = r.payer.Charge(ctx, request(c.a)) })
+		wg.Go(func() { c.answered(r.payer.Charge(ctx, request(c.a))) })
 	}
 	wg.Wait()
-	// Settled here rather than by the writers (maintain runs none), and
-	// again a few times when the database fails: the answers are not
-	// asked for again within this run.
-	unsettled := s.settleBatch(ctx, calls)
-	for try := 1; len(unsettled) > 0 && try < recoverSettles; try++ {
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(try) * time.Second):
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		unsettled = s.settleBatch(ctx, unsettled)
-	}
-	for _, c := range unsettled {
-		s.abandon(c, c.settleErr)
-	}
+	r.settle(ctx, calls)
 	for _, c := range calls {
 		result := c.a.Status
 		if !c.settledHere {
@@ -164,9 +173,14 @@ func (r *Recoverer) Report(ctx context.Context) (RecoveryReport, error) {
 		return rep, err
 	}
 	rep.Pending, rep.OldestPending = st.Count, st.Oldest
+	rep.InProgress, rep.OldestInProgress, rep.Unresolved = st.InProgress, st.OldestInProgress, st.Unresolved
+	rep.Resolved = map[string]int{}
 	s.metrics.AttemptsPending.Set(float64(st.Count))
 	s.metrics.AttemptsOldestPending.Set(st.Oldest.Seconds())
 	s.metrics.AttemptsExpired.Set(float64(st.Expired))
+	s.metrics.AttemptsInProgress.Set(float64(st.InProgress))
+	s.metrics.AttemptsOldestInProgress.Set(st.OldestInProgress.Seconds())
+	s.metrics.AttemptsUnresolved.Set(float64(st.Unresolved))
 	if st.Expired > 0 {
 		if rep.Expired, err = charge.PendingBefore(ctx, s.db, window, maxExpiredListed); err != nil {
 			return rep, err
@@ -176,3 +190,126 @@ func (r *Recoverer) Report(ctx context.Context) (RecoveryReport, error) {
 	}
 	return rep, nil
 }
+
+// settle settles calls' answers here rather than by the writers (maintain
+// runs none), and again a few times when the database fails: the answers
+// are not asked for again within this run.
+func (r *Recoverer) settle(ctx context.Context, calls []*call) {
+	s := r.s
+	unsettled := s.settleBatch(ctx, calls)
+	for try := 1; len(unsettled) > 0 && try < recoverSettles; try++ {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(try) * time.Second):
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		unsettled = s.settleBatch(ctx, unsettled)
+	}
+	for _, c := range unsettled {
+		s.abandon(c, c.settleErr)
+	}
+}
+
+// lookupLease is how long an attempt taken for a lookup is left to the
+// replica that took it, should it die before it records the answer.
+const lookupLease = time.Minute
+
+// resolve asks the provider about the attempts whose outcome billing does
+// not know and records what it says: the in_progress ones whose next
+// lookup is due (no notification came, or the provider stored an answer
+// without a verdict), and the pending ones past the provider's window,
+// which are never sent again. What the provider cannot find stays as it
+// is: an in_progress attempt is asked about again later, one past the
+// window counts as unresolved, for a human.
+func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *RecoveryReport) error {
+	s := r.s
+	var due, expired []charge.Row
+	err := s.inTx(ctx, "recover", nil, func(tx *sqlx.Tx) error {
+		var err error
+		if due, err = charge.TakeDue(ctx, tx, lookupLease, recoverBatch); err != nil {
+			return err
+		}
+		expired, err = charge.TakeExpired(ctx, tx, idle, r.window, expiredLookupPause, recoverBatch)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("take charge attempts to look up: %w", err)
+	}
+	var calls []*call
+	for _, a := range append(due, expired...) {
+		if c := newCall(a, true); s.activate(c) {
+			calls = append(calls, c)
+		}
+	}
+	if len(calls) == 0 {
+		return nil
+	}
+	now := s.now()
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		wg.Go(func() {
+			out, err := r.payer.Resolve(ctx, lookup(c.a))
+			r.looked(c, out, err, now)
+		})
+	}
+	wg.Wait()
+	var answered []*call
+	for _, c := range calls {
+		if c.sent {
+			answered = append(answered, c)
+		} else {
+			s.abandon(c, c.err)
+		}
+	}
+	r.settle(ctx, answered)
+	for _, c := range answered {
+		if c.settledHere && !charge.Open(c.a.Status) {
+			rep.Resolved[c.a.Status]++
+		}
+	}
+	if n := len(rep.Resolved); n > 0 {
+		s.log.Info("resolved charge attempts by asking the provider", "resolved", rep.Resolved, "looked_up", len(calls))
+	}
+	return nil
+}
+
+// looked records on c what a lookup of its attempt found, as an answer to
+// settle: a verdict settles it; an in_progress attempt the provider still
+// holds, cannot find or could not be asked about is asked again after a
+// pause that grows with its age (a bank debit takes days); a pending one
+// past the window is left as it is.
+func (r *Recoverer) looked(c *call, out payment.Outcome, err error, now time.Time) {
+	age := now.Sub(c.a.CreatedAt)
+	next := now.Add(min(max(age/10, r.s.resolveAfter), maxLookupPause))
+	switch {
+	case err == nil && out.Kind.Final():
+		c.sent, c.out = true, out
+	case c.a.Status == charge.Pending && err == nil && out.Kind == payment.InProgress:
+		c.sent, c.out, c.next = true, out, next
+	case c.a.Status == charge.InProgress:
+		switch {
+		case err != nil:
+			out = payment.Outcome{Detail: "lookup failed: " + err.Error()}
+		case out.Kind == payment.Unknown:
+			out.Detail = "lookup: the provider found no payment yet"
+		}
+		out.Kind = payment.InProgress
+		c.sent, c.out, c.next = true, out, next
+	default:
+		c.err = cmp.Or(err, errNotFound) // pending past the window, not found: for a human
+	}
+}
+
+// maxLookupPause bounds the pause between two lookups of an in_progress
+// attempt; expiredLookupPause is the pause between two lookups of a
+// pending attempt past the window that the provider did not find (it may
+// still, if the payment appears late).
+const (
+	maxLookupPause     = time.Hour
+	expiredLookupPause = 10 * time.Minute
+)
+
+// errNotFound: a lookup found no payment for the attempt.
+var errNotFound = errors.New("billing: the provider found no payment for the attempt")

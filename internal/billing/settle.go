@@ -1,10 +1,11 @@
 package billing
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +40,13 @@ type settler struct {
 	// which only failing transactions tell.
 	writes postgres.Writes
 
+	// wallet is the provider whose saved payment methods the requests
+	// charge (payment_method.provider), "" when they need none.
+	wallet string
+	// resolveAfter is how long an in_progress attempt waits for the
+	// provider's notification before it is looked up (Horizon.ResolveAfter).
+	resolveAfter time.Duration
+
 	// onSettled sends on an event that waited for a call, once the call
 	// is settled (Processor.decide). Only a Processor's calls have
 	// waiters: a recoverer of its own (maintain) leaves it nil.
@@ -48,11 +56,19 @@ type settler struct {
 	// active are the attempts this process is completing (charging or
 	// settling).
 	active map[uuid.UUID]*call
+
+	// woken is signalled when a settle recorded an attempt that no message
+	// sends (waiting.go): recovery sends it (Recoverer.Woken).
+	woken chan struct{}
 }
 
-func newSettler(db *sqlx.DB, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *settler {
-	return &settler{db: db, metrics: m, tracer: tp.Tracer("example.com/billing/internal/billing"), log: log,
-		now: time.Now, active: map[uuid.UUID]*call{}}
+func newSettler(db *sqlx.DB, payer Payer, resolveAfter time.Duration, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *settler {
+	s := &settler{db: db, metrics: m, tracer: tp.Tracer("example.com/billing/internal/billing"), log: log,
+		now: time.Now, active: map[uuid.UUID]*call{}, resolveAfter: resolveAfter, woken: make(chan struct{}, 1)}
+	if w, ok := payer.(walletBound); ok {
+		s.wallet = w.Wallet()
+	}
+	return s
 }
 
 // settleBatch runs phase 3 for calls in one transaction, then decides the
@@ -124,12 +140,15 @@ func (p *Processor) settleLater(c *call) {
 // the same answer). calls' attempts then hold the recorded state. An answer
 // is recorded as counted for its own event's message when that message
 // waits for it (charge.counted_by), and for nobody otherwise: the event's
-// message counts it when it comes.
+// message counts it when it comes. A deferred attempt's outcome (its
+// message was finished while the provider held the payment) is counted
+// here, and the events that waited for its order are decided with it.
 func (s *settler) settle(ctx context.Context, calls []*call) error {
 	byID := make(map[uuid.UUID]*call, len(calls))
 	var answers []charge.Answer
 	var all []uuid.UUID
 	var spans []trace.SpanContext
+	now := s.now()
 	for _, c := range calls {
 		byID[c.a.EventID] = c
 		all = append(all, c.a.EventID)
@@ -137,24 +156,11 @@ func (s *settler) settle(ctx context.Context, calls []*call) error {
 		if !c.sent {
 			continue
 		}
-		a := charge.Answer{EventID: c.a.EventID, Status: charge.Pending, ProviderChargeID: c.charge.ID}
-		switch {
-		case c.err == nil:
-			a.Status = charge.Succeeded
-		case errors.Is(c.err, payment.ErrDeclined):
-			a.Status, a.Err = charge.Declined, c.err.Error()
-		case errors.Is(c.err, payment.ErrRejected):
-			a.Status, a.Err = charge.Rejected, c.err.Error()
-		default:
-			a.Err = c.err.Error()
-		}
-		if c.counted != nil && a.Status != charge.Pending {
-			a.CountedBy = c.counted.res.counter
-		}
-		answers = append(answers, a)
+		answers = append(answers, s.answerOf(c, now))
 	}
 	var recorded []charge.Row
-	var changed map[uuid.UUID]string
+	var changed []charge.Change
+	var decided waiterCounts
 	err := s.inTx(ctx, "settle", spans, func(tx *sqlx.Tx) error {
 		var err error
 		if changed, err = charge.Settle(ctx, tx, answers); err != nil {
@@ -163,12 +169,15 @@ func (s *settler) settle(ctx context.Context, calls []*call) error {
 		// The outcome is announced with the settle that records it, once:
 		// only this transaction moved these attempts out of pending.
 		var outcomes []outbox.Event
-		for id, status := range changed {
-			if status != charge.Pending {
-				outcomes = append(outcomes, s.announcement(byID[id], status))
+		for _, ch := range changed {
+			if !charge.Open(ch.Status) {
+				outcomes = append(outcomes, s.announcement(byID[ch.EventID], ch.Status))
 			}
 		}
 		if err := outbox.Record(ctx, tx, outcomes); err != nil {
+			return err
+		}
+		if decided, err = s.decideWaiters(ctx, tx, changed); err != nil {
 			return err
 		}
 		recorded, err = charge.Get(ctx, tx, all)
@@ -182,12 +191,80 @@ func (s *settler) settle(ctx context.Context, calls []*call) error {
 			c.a = a
 		}
 	}
-	for id, status := range changed {
-		if c, ok := byID[id]; ok && status != charge.Pending {
+	for _, ch := range changed {
+		c, ok := byID[ch.EventID]
+		if !ok {
+			continue
+		}
+		if !charge.Open(ch.Status) {
 			c.settledHere = true
+		}
+		if ch.Deferred && !charge.Open(ch.Status) {
+			s.countDeferred(ch.Status)
+		}
+	}
+	decided.count(s.metrics)
+	if decided.promoted > 0 {
+		select {
+		case s.woken <- struct{}{}:
+		default:
 		}
 	}
 	return nil
+}
+
+// answerOf is what c's answer records on its attempt.
+func (s *settler) answerOf(c *call, now time.Time) charge.Answer {
+	a := charge.Answer{EventID: c.a.EventID, Status: charge.Pending, Requests: c.requests, ProviderChargeID: c.out.Ref}
+	out := c.out
+	switch {
+	case c.err != nil:
+		a.Err = c.err.Error()
+	case out.Kind == payment.Succeeded:
+		a.Status = charge.Succeeded
+	case out.Kind == payment.Declined:
+		a.Status, a.Err, a.DeclineCode = charge.Declined, declineText(out), out.Code
+	case out.Kind == payment.Rejected:
+		a.Status, a.Err = charge.Rejected, rejectText(out)
+	case out.Kind == payment.InProgress:
+		a.Status, a.ResolveAt, a.Err = charge.InProgress, cmp.Or(c.next, now.Add(s.resolveAfter)), out.Detail
+	case out.Kind == payment.Indeterminate && c.a.Indeterminate+c.requests > 1:
+		// Sent again and the provider still replays its answer without a
+		// verdict: look the payment up, at once, instead.
+		a.Status, a.ResolveAt, a.Indeterminate, a.Err = charge.InProgress, now, true, "indeterminate: "+out.Detail
+	case out.Kind == payment.Indeterminate:
+		a.Indeterminate, a.Err = true, "indeterminate: "+out.Detail
+	default:
+		a.Err = "no verdict from the provider"
+	}
+	if c.counted != nil && !charge.Open(a.Status) {
+		a.CountedBy = c.counted.res.counter
+	}
+	return a
+}
+
+// declineText and rejectText are what last_error keeps of a decline and a
+// refusal.
+func declineText(out payment.Outcome) string {
+	return strings.TrimSpace("declined " + out.Code + ": " + out.Detail)
+}
+
+func rejectText(out payment.Outcome) string {
+	if out.Code != "" {
+		return out.Code + ": " + out.Detail
+	}
+	return out.Detail
+}
+
+// countDeferred counts the outcome of a deferred attempt, whose message
+// was finished before it was known.
+func (s *settler) countDeferred(status string) {
+	switch status {
+	case charge.Succeeded:
+		s.metrics.Events.WithLabelValues(metrics.OutcomeCharged).Inc()
+	case charge.Declined:
+		s.metrics.Events.WithLabelValues(metrics.OutcomeDeclined).Inc()
+	}
 }
 
 // announcement is the payment outcome event of c's attempt, settled here as
@@ -204,9 +281,9 @@ func (s *settler) announcement(c *call, status string) outbox.Event {
 	o := outbox.NewEvent(typ, ev, why, s.now())
 	switch status {
 	case charge.Succeeded:
-		o.ProviderChargeID = c.charge.ID
+		o.ProviderChargeID = cmp.Or(c.out.Ref, deref(a.ProviderChargeID))
 	case charge.Declined:
-		o.DeclineCode = payment.DeclineCode(c.err)
+		o.DeclineCode = c.out.Code
 	}
 	sc := c.trace
 	if c.counted != nil {

@@ -160,18 +160,72 @@ func (p Pool) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("url", redact.DSN(p.URL)), slog.Int("max_conns", p.MaxConns))
 }
 
+// normalize fills in the provider's idempotency window.
+func (p *Payment) normalize() {
+	p.IdempotencyWindow = providerWindow(p.Provider, p.IdempotencyWindow)
+}
+
 // Validate checks the payment provider settings.
 func (p *Payment) Validate() error {
-	return errors.Join(checkBaseURL(p.BaseURL).err(), p.PaymentLimits.Validate())
+	errs := checkProvider(p.Provider)
+	if p.BaseURL == "" {
+		errs.add("PAYMENT_BASE_URL", "is required with PAYMENT_PROVIDER=%s", p.Provider)
+	} else {
+		errs = append(errs, checkBaseURL(p.BaseURL)...)
+	}
+	return errors.Join(errs.err(), p.PaymentLimits.Validate())
+}
+
+// normalize fills in the provider's idempotency window.
+func (p *OptionalPayment) normalize() {
+	p.IdempotencyWindow = providerWindow(p.Provider, p.IdempotencyWindow)
 }
 
 // Validate checks maintain's provider settings: the address only when set.
 func (p *OptionalPayment) Validate() error {
-	var errs Errors
+	errs := checkProvider(p.Provider)
 	if p.BaseURL != "" {
-		errs = checkBaseURL(p.BaseURL)
+		errs = append(errs, checkBaseURL(p.BaseURL)...)
 	}
 	return errors.Join(errs.err(), p.PaymentLimits.Validate())
+}
+
+func checkProvider(name string) Errors {
+	var errs Errors
+	if name != ProviderContract {
+		errs.add("PAYMENT_PROVIDER", "%q is not contract", name)
+	}
+	return errs
+}
+
+// providerWindow is window, or, when it is 0, how long the provider keeps
+// an idempotency key: the contract keeps Stripe's at least 24 hours.
+func providerWindow(provider string, window time.Duration) time.Duration {
+	if window != 0 {
+		return window
+	}
+	return 24 * time.Hour
+}
+
+// Validate checks the webhook settings; whether a secret is required
+// depends on the provider (Serve.Validate).
+func (w *Webhooks) Validate() error {
+	var errs Errors
+	if _, _, err := net.SplitHostPort(w.Addr); err != nil {
+		errs.add("WEBHOOK_ADDR", "%q is not [host]:port", w.Addr)
+	}
+	for _, s := range w.Secrets {
+		if strings.TrimSpace(s) == "" {
+			errs.add("PAYMENT_WEBHOOK_SECRET", "holds an empty secret")
+			break
+		}
+	}
+	return errs.err()
+}
+
+// LogValue masks the secrets.
+func (w Webhooks) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("addr", w.Addr), slog.Int("secrets", len(w.Secrets)))
 }
 
 func checkBaseURL(base string) Errors {
@@ -208,7 +262,10 @@ func (p *PaymentLimits) Validate() error {
 		errs.add("PAYMENT_MAX_RPS", "%v is outside 0..1000000 (0 is unlimited)", p.MaxRPS)
 	}
 	if p.IdempotencyWindow < time.Hour {
-		errs.add("PAYMENT_IDEMPOTENCY_WINDOW", "%s is shorter than 1h; set it to how long the provider keeps an idempotency key (Stripe: 24h)", p.IdempotencyWindow)
+		errs.add("PAYMENT_IDEMPOTENCY_WINDOW", "%s is shorter than 1h; set it to how long the provider keeps an idempotency key (Stripe: 24h), or 0 for the provider's", p.IdempotencyWindow)
+	}
+	if p.ResolveAfter < time.Second || p.ResolveAfter > 24*time.Hour {
+		errs.add("PAYMENT_RESOLVE_AFTER", "%s is outside [1s, 24h]", p.ResolveAfter)
 	}
 	if p.RecoverAfter <= p.Timeout || p.RecoverAfter >= p.IdempotencyWindow {
 		errs.add("PAYMENT_RECOVER_AFTER", "%s must be longer than PAYMENT_TIMEOUT (%s) and shorter than PAYMENT_IDEMPOTENCY_WINDOW (%s)", p.RecoverAfter, p.Timeout, p.IdempotencyWindow)
@@ -219,6 +276,7 @@ func (p *PaymentLimits) Validate() error {
 // LogValue masks the API key.
 func (p Payment) LogValue() slog.Value {
 	return slog.GroupValue(
+		slog.String("provider", p.Provider),
 		slog.String("base_url", p.BaseURL),
 		slog.String("api_key", mask(p.APIKey)),
 		slog.Duration("timeout", p.Timeout),
@@ -226,6 +284,7 @@ func (p Payment) LogValue() slog.Value {
 		slog.Float64("max_rps", p.MaxRPS),
 		slog.Duration("idempotency_window", p.IdempotencyWindow),
 		slog.Duration("recover_after", p.RecoverAfter),
+		slog.Duration("resolve_after", p.ResolveAfter),
 	)
 }
 
@@ -336,7 +395,10 @@ func (s *Serve) Validate() error {
 			errs.add("DEBUG_PPROF_ADDR", "%q is HTTP_ADDR's listener; profiles are served on a port of their own", s.PprofAddr)
 		}
 	}
-	return errors.Join(s.Kafka.Validate(), s.Database.Validate(), s.Payment.Validate(), s.Consumer.Validate(),
+	if _, _, err := net.SplitHostPort(s.Webhooks.Addr); err == nil && sameListener(s.Webhooks.Addr, s.HTTPAddr) {
+		errs.add("WEBHOOK_ADDR", "%q is HTTP_ADDR's listener; the provider-facing listener is apart from the internal one", s.Webhooks.Addr)
+	}
+	return errors.Join(s.Kafka.Validate(), s.Database.Validate(), s.Payment.Validate(), s.Webhooks.Validate(), s.Consumer.Validate(),
 		s.Dedup.Validate(), s.Outbox.Validate(), s.Maintenance.Validate(), s.Log.Validate(), errs.err())
 }
 
@@ -358,6 +420,7 @@ func (s Serve) LogValue() slog.Value {
 		slog.Any("kafka", s.Kafka),
 		slog.Any("database", s.Database),
 		slog.Any("payment", s.Payment),
+		slog.Any("webhooks", s.Webhooks),
 		slog.Any("consumer", s.Consumer),
 		slog.String("http_addr", s.HTTPAddr),
 		slog.String("debug_pprof_addr", s.PprofAddr),
@@ -373,6 +436,16 @@ func (s Serve) LogValue() slog.Value {
 // Validate checks every setting of migrate.
 func (m *Migrate) Validate() error {
 	return errors.Join(m.Database.Validate(), m.Log.Validate())
+}
+
+// Validate checks the import's settings: a provider that charges saved
+// payment methods.
+func (p *PaymentMethods) Validate() error {
+	errs := checkProvider(p.Provider)
+	if len(errs) == 0 && p.Provider == ProviderContract {
+		errs.add("PAYMENT_PROVIDER", "is contract, which charges by customer id and keeps no payment methods; set the provider whose methods these are")
+	}
+	return errors.Join(p.Database.Validate(), errs.err(), p.Log.Validate())
 }
 
 // Validate checks every setting of maintain.

@@ -66,9 +66,15 @@ type Pool struct {
 	MaxConns int `env:"DATABASE_MAX_CONNS" envDefault:"16" help:"connection pool size; bounds the short claim and settle transactions (no transaction waits for the provider)"`
 }
 
+// ProviderContract is billing's own provider contract (DESIGN.md,
+// "Payment provider call"), which billing fakepsp serves: the one
+// PAYMENT_PROVIDER billing speaks so far.
+const ProviderContract = "contract"
+
 // Payment holds the payment provider settings.
 type Payment struct {
-	BaseURL string `env:"PAYMENT_BASE_URL,required" notEmpty:"true" help:"the provider's base URL; billing calls POST {base}/v1/charges"`
+	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract (billing's own, POST {base}/v1/charges)"`
+	BaseURL  string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; required"`
 	PaymentLimits
 }
 
@@ -85,9 +91,16 @@ type PaymentLimits struct {
 	// token bucket); 0 is unlimited.
 	MaxRPS float64 `env:"PAYMENT_MAX_RPS" envDefault:"0" help:"provider requests per second, whole process (token bucket); 0 is unlimited; set it to the provider's limit (Stripe: 100)"`
 	// IdempotencyWindow is how long the provider keeps an idempotency key.
-	// A charge attempt older than that is never retried blindly: asking
-	// again could charge twice. It is reported for a human.
-	IdempotencyWindow time.Duration `env:"PAYMENT_IDEMPOTENCY_WINDOW" envDefault:"24h" help:"how long the provider keeps an idempotency key; a pending charge attempt older than that is reported, never retried blindly"`
+	// A charge attempt older than that is never sent again: asking again
+	// could charge twice. It is looked up at the provider instead, and
+	// reported for a human when the provider cannot tell. 0: the
+	// provider's own (Load fills it in).
+	IdempotencyWindow time.Duration `env:"PAYMENT_IDEMPOTENCY_WINDOW" envDefault:"0" help:"how long the provider keeps an idempotency key (0: the provider's, 24h for contract); a pending charge attempt older than that is never sent again, only looked up"`
+	// ResolveAfter is how long a payment the provider holds without a
+	// verdict (in_progress) waits for the provider's notification before
+	// billing asks the provider about it; later lookups of the same
+	// payment come further apart as it ages, at most an hour.
+	ResolveAfter time.Duration `env:"PAYMENT_RESOLVE_AFTER" envDefault:"10m" help:"how long a payment the provider holds without a verdict (in_progress) waits for its webhook before billing looks it up; later lookups come further apart, at most hourly"`
 	// RecoverAfter is how long a charge attempt may stay pending with
 	// nobody working on it (a crash between claim and settle) before
 	// maintenance completes it. 0 means the longer of 1m and twice
@@ -96,11 +109,23 @@ type PaymentLimits struct {
 	RecoverAfter time.Duration `env:"PAYMENT_RECOVER_AFTER" envDefault:"0" help:"how long a charge attempt may stay pending with nobody working on it before maintenance completes it; 0: the longer of 1m and 2 × PAYMENT_TIMEOUT"`
 }
 
-// OptionalPayment is maintain's provider: with PAYMENT_BASE_URL set it
-// completes the charge attempts left pending, without it only reports them.
+// OptionalPayment is maintain's provider: with PAYMENT_BASE_URL set it completes the charge attempts left pending
+// and looks up those whose outcome is unknown, without it only reports
+// them.
 type OptionalPayment struct {
-	BaseURL string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; when set, maintain completes the charge attempts left pending, else it only reports them"`
+	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract"`
+	BaseURL  string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; when set, maintain completes the charge attempts left pending and looks up those whose outcome is unknown, else it only reports them"`
 	PaymentLimits
+}
+
+// Webhooks is where the provider's notifications come in.
+type Webhooks struct {
+	// Secrets verify the notifications' signatures: several during a
+	// rotation, any one of which may verify.
+	Secrets []string `env:"PAYMENT_WEBHOOK_SECRET" envSeparator:"," help:"the webhook signing secret(s), comma-separated, any one of which verifies (rotation): contract an HMAC-SHA256 key; without one the contract's webhook is off; never logged"`
+	// Addr is the provider-facing listener, apart from HTTP_ADDR, which
+	// stays internal.
+	Addr string `env:"WEBHOOK_ADDR" envDefault:":8090" help:"address of the provider-facing listener: POST /webhooks/<PAYMENT_PROVIDER>; expose it to the provider only (docs/deployment.md)"`
 }
 
 // Consumer tunes the consumer's concurrency.
@@ -189,6 +214,7 @@ type Serve struct {
 	Kafka    Kafka
 	Database Pool
 	Payment  Payment
+	Webhooks Webhooks
 	Consumer Consumer
 	Dedup    Dedup
 	Outbox   Outbox
@@ -219,6 +245,13 @@ type Maintain struct {
 	Outbox     Outbox
 	Payment    OptionalPayment
 	Log        Log
+}
+
+// PaymentMethods is the configuration of `billing payment-methods import`.
+type PaymentMethods struct {
+	Database Database
+	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider whose saved payment methods are imported (the contract charges by customer id and needs none)"`
+	Log      Log
 }
 
 // Validator is a configuration that can check its own values. Validate

@@ -97,6 +97,10 @@ var settings = []setting{
 	{"PAYMENT_MAX_RPS", func(c config.Serve) any { return c.Payment.MaxRPS }},
 	{"PAYMENT_IDEMPOTENCY_WINDOW", func(c config.Serve) any { return c.Payment.IdempotencyWindow }},
 	{"PAYMENT_RECOVER_AFTER", func(c config.Serve) any { return c.Payment.RecoverAfter }},
+	{"PAYMENT_PROVIDER", func(c config.Serve) any { return c.Payment.Provider }},
+	{"PAYMENT_RESOLVE_AFTER", func(c config.Serve) any { return c.Payment.ResolveAfter }},
+	{"WEBHOOK_ADDR", func(c config.Serve) any { return c.Webhooks.Addr }},
+	{"PAYMENT_WEBHOOK_SECRET", func(c config.Serve) any { return c.Webhooks.Secrets }},
 	{"OUTBOX_RETENTION", func(c config.Serve) any { return c.Outbox.Retention }},
 	{"HTTP_ADDR", func(c config.Serve) any { return c.HTTPAddr }},
 	{"DEBUG_PPROF_ADDR", func(c config.Serve) any { return c.PprofAddr }},
@@ -153,6 +157,10 @@ func TestLoad_Defaults(t *testing.T) {
 			"PAYMENT_MAX_RPS":             0.0,
 			"PAYMENT_IDEMPOTENCY_WINDOW":  24 * time.Hour,
 			"PAYMENT_RECOVER_AFTER":       time.Minute, // the longer of 1m and 2 × PAYMENT_TIMEOUT
+			"PAYMENT_PROVIDER":            "contract",
+			"PAYMENT_RESOLVE_AFTER":       10 * time.Minute,
+			"WEBHOOK_ADDR":                ":8090",
+			"PAYMENT_WEBHOOK_SECRET":      []string(nil),
 			"OUTBOX_RETENTION":            72 * time.Hour,
 			"HTTP_ADDR":                   ":8080",
 			"DEBUG_PPROF_ADDR":            "", // no profiles
@@ -197,6 +205,10 @@ func TestLoad_Values(t *testing.T) {
 			"PAYMENT_MAX_RPS":             100.0,
 			"PAYMENT_IDEMPOTENCY_WINDOW":  48 * time.Hour,
 			"PAYMENT_RECOVER_AFTER":       30 * time.Second,
+			"PAYMENT_PROVIDER":            "contract",
+			"PAYMENT_RESOLVE_AFTER":       2 * time.Minute,
+			"WEBHOOK_ADDR":                "127.0.0.1:9090",
+			"PAYMENT_WEBHOOK_SECRET":      []string{"old", "new"},
 			"OUTBOX_RETENTION":            96 * time.Hour,
 			"HTTP_ADDR":                   "127.0.0.1:9000",
 			"DEBUG_PPROF_ADDR":            "127.0.0.1:6060",
@@ -213,6 +225,8 @@ func TestLoad_Values(t *testing.T) {
 			"PAYMENT_TIMEOUT":             "3s",
 			"PAYMENT_IDEMPOTENCY_WINDOW":  "48h",
 			"PAYMENT_RECOVER_AFTER":       "30s",
+			"PAYMENT_RESOLVE_AFTER":       "2m",
+			"PAYMENT_WEBHOOK_SECRET":      "old,new",
 			"OUTBOX_RETENTION":            "96h",
 			"DEDUP_RETENTION":             "720h",
 			"DEDUP_ALLOW_SHORT_RETENTION": "true",
@@ -349,6 +363,12 @@ func TestLoad_Errors(t *testing.T) {
 		{"ErrPaymentMaxRPSNegative", []string{"PAYMENT_MAX_RPS=-1"}, "PAYMENT_MAX_RPS", ""},
 		{"ErrPaymentWindowTooShort", []string{"PAYMENT_IDEMPOTENCY_WINDOW=10m"}, "PAYMENT_IDEMPOTENCY_WINDOW", ""},
 		{"ErrPaymentRecoverBeforeTheTimeout", []string{"PAYMENT_TIMEOUT=30s", "PAYMENT_RECOVER_AFTER=20s"}, "PAYMENT_RECOVER_AFTER", "PAYMENT_TIMEOUT"},
+		{"ErrPaymentProviderUnknown", []string{"PAYMENT_PROVIDER=paypal"}, "PAYMENT_PROVIDER", ""},
+		{"ErrPaymentResolveAfterZero", []string{"PAYMENT_RESOLVE_AFTER=0"}, "PAYMENT_RESOLVE_AFTER", ""},
+		{"ErrPaymentResolveAfterTooLong", []string{"PAYMENT_RESOLVE_AFTER=25h"}, "PAYMENT_RESOLVE_AFTER", ""},
+		{"ErrWebhookAddrNotHostPort", []string{"WEBHOOK_ADDR=8090"}, "WEBHOOK_ADDR", ""},
+		{"ErrWebhookAddrIsHTTPAddr", []string{"WEBHOOK_ADDR=:8080", "HTTP_ADDR=:8080"}, "WEBHOOK_ADDR", "HTTP_ADDR"},
+		{"ErrWebhookSecretEmptyItem", []string{"PAYMENT_WEBHOOK_SECRET=a,,b"}, "PAYMENT_WEBHOOK_SECRET", ""},
 		{"ErrOutcomeTopicEqualsDLQ", []string{"KAFKA_OUTCOME_TOPIC=orders.confirmed.dlq"}, "KAFKA_OUTCOME_TOPIC", ""},
 		{"ErrOutboxRetentionTooShort", []string{"OUTBOX_RETENTION=2h"}, "OUTBOX_RETENTION", ""},
 		{"ErrPaymentBaseURLEmpty", []string{"PAYMENT_BASE_URL="}, "PAYMENT_BASE_URL", ""},
@@ -500,6 +520,7 @@ func TestServe_LogValue(t *testing.T) {
 		apiKey   = "psp-Key-S3cret"
 		saslPass = "sasl-Pass-S3cret"
 		dbPass   = "db-Pass-S3cret"
+		whSecret = "whsec_S3cret"
 	)
 	tests := []struct {
 		name  string
@@ -524,13 +545,14 @@ func TestServe_LogValue(t *testing.T) {
 				"KAFKA_SASL_PASSWORD="+saslPass,
 				"KAFKA_BROKERS=kafka-0.internal:9092",
 				"PAYMENT_BASE_URL=https://psp.example.com/api",
+				"PAYMENT_WEBHOOK_SECRET=whsec_old,"+whSecret,
 			))
 			for _, how := range []struct {
 				name string
 				v    any
 			}{{"value", cfg}, {"pointer", &cfg}} {
 				out := logConfig(t, how.v)
-				for _, s := range []string{apiKey, saslPass, dbPass} {
+				for _, s := range []string{apiKey, saslPass, dbPass, whSecret, "whsec_old"} {
 					if strings.Contains(out, s) {
 						t.Errorf("logged %s config reveals %q:\n%s", how.name, s, out)
 					}

@@ -26,6 +26,7 @@ import (
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/contract"
 	"example.com/billing/internal/testenv/dbtest"
 	"example.com/billing/internal/testenv/kafkatest"
 	"example.com/billing/internal/tracing"
@@ -57,7 +58,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 
 	db, _ := dbtest.New(t)
 	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(payment.Config{BaseURL: srv.URL, Timeout: 5 * time.Second, MaxConcurrency: 4, TracerProvider: tp}, m)
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 4, TracerProvider: tp}, m)
 	defer payer.Close()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	proc := billing.NewProcessor(db, dedup.NewStore(b.Group), payer,

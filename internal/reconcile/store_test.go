@@ -18,6 +18,7 @@ import (
 	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/contract"
 	"example.com/billing/internal/reconcile"
 	"example.com/billing/internal/testenv/dbtest"
 )
@@ -39,7 +40,7 @@ func newWorld(t *testing.T, withDB bool) *world {
 	srv := httptest.NewServer(psp)
 	t.Cleanup(srv.Close)
 	w := &world{t: t, psp: psp, url: srv.URL,
-		ledger: payment.New(payment.Config{BaseURL: srv.URL, APIKey: "sk_test", Timeout: 5 * time.Second}, metrics.New(prometheus.NewRegistry()))}
+		ledger: payment.New(contract.New(srv.URL, "sk_test"), payment.Config{Timeout: 5 * time.Second}, metrics.New(prometheus.NewRegistry()))}
 	if withDB {
 		w.db, _ = dbtest.New(t)
 	}

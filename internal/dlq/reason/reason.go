@@ -25,15 +25,21 @@ const (
 	// PayloadMismatch: an eventId already processed arrives with another
 	// payload.
 	PayloadMismatch Code = "payload-mismatch"
-	// ProviderRejected: the provider refused the request itself (422, 400).
+	// ProviderRejected: the provider refused the request itself (422, 400,
+	// Stripe's invalid_request_error or resource_missing, Adyen's
+	// validation errors).
 	ProviderRejected Code = "provider-rejected"
+	// NoPaymentMethod: the provider charges a saved payment method and the
+	// customer has none in payment_method; nothing was sent. A replay
+	// after `billing payment-methods import` charges it.
+	NoPaymentMethod Code = "no-payment-method"
 	// Oversize: too large for the dead-letter topic even compressed: parked
 	// as a reference, its detail the reason it was parked for.
 	Oversize Code = "oversize"
 )
 
 // Codes are all the codes, for listings and validation.
-var Codes = []Code{InvalidEvent, StaleEvent, PayloadMismatch, ProviderRejected, Oversize}
+var Codes = []Code{InvalidEvent, StaleEvent, PayloadMismatch, ProviderRejected, NoPaymentMethod, Oversize}
 
 // Reason is why one message was parked.
 type Reason struct {
