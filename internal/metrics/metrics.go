@@ -41,6 +41,20 @@ type Metrics struct {
 	EndToEnd prometheus.Histogram
 	// PaymentRequests counts provider calls by classified result.
 	PaymentRequests *prometheus.CounterVec
+	// PaymentReplays counts provider answers marked as replayed from the
+	// provider's idempotency store (Stripe's Idempotent-Replayed: true): a
+	// request billing sent before, whose answer it lost or did not settle.
+	PaymentReplays prometheus.Counter
+	// PaymentLookups counts the provider lookups of attempts whose outcome
+	// billing does not know (in progress, indeterminate, past the window),
+	// by what the provider said (succeeded, declined, rejected,
+	// in_progress, unknown, error).
+	PaymentLookups *prometheus.CounterVec
+	// Webhooks counts the provider's notifications by what billing did
+	// with them: settled (an outcome recorded), no_news (known already, or
+	// of an event billing does not act on), refused (the signature did not
+	// verify: 400), failed (not committed: the provider sends it again).
+	Webhooks *prometheus.CounterVec
 	// PaymentSeconds observes provider call latency.
 	PaymentSeconds prometheus.Histogram
 	// PaymentInFlight is the number of provider requests holding one of
@@ -62,6 +76,14 @@ type Metrics struct {
 	AttemptsPending       prometheus.Gauge
 	AttemptsOldestPending prometheus.Gauge
 	AttemptsExpired       prometheus.Gauge
+	// AttemptsInProgress is the number of charge attempts the provider
+	// holds without a verdict (in_progress), AttemptsOldestInProgress the
+	// age of the oldest; AttemptsUnresolved those whose outcome the
+	// provider cannot tell (no payment found and the key forgotten): they
+	// need a human.
+	AttemptsInProgress       prometheus.Gauge
+	AttemptsOldestInProgress prometheus.Gauge
+	AttemptsUnresolved       prometheus.Gauge
 	// AttemptsRecovered counts attempts maintenance found left pending, by
 	// what became of them (succeeded, declined, rejected, unanswered).
 	AttemptsRecovered *prometheus.CounterVec
@@ -140,6 +162,18 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "billing_payment_requests_total",
 			Help: "Payment provider requests by result.",
 		}, []string{"result"}),
+		PaymentReplays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_payment_replays_total",
+			Help: "Provider answers replayed from its idempotency store (Idempotent-Replayed): requests sent again under the same key.",
+		}),
+		PaymentLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_payment_lookups_total",
+			Help: "Lookups at the provider of charge attempts whose outcome is unknown (in progress, indeterminate, past the idempotency window), by what the provider said.",
+		}, []string{"result"}),
+		Webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_webhooks_total",
+			Help: "Provider notifications received on WEBHOOK_ADDR, by what billing did with them (settled, no_news, refused, failed).",
+		}, []string{"result"}),
 		PaymentSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "billing_payment_request_seconds",
 			Help:    "Payment provider request latency.",
@@ -169,6 +203,18 @@ func New(reg prometheus.Registerer) *Metrics {
 		AttemptsExpired: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "billing_charge_attempts_expired",
 			Help: "Pending charge attempts older than PAYMENT_IDEMPOTENCY_WINDOW: never retried blindly; reconcile them by hand.",
+		}),
+		AttemptsInProgress: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_charge_attempts_in_progress",
+			Help: "Charge attempts the provider accepted without a verdict yet (in_progress): settled by its webhook or by a lookup.",
+		}),
+		AttemptsOldestInProgress: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_charge_attempts_oldest_in_progress_seconds",
+			Help: "Age of the oldest in_progress charge attempt (0 when none).",
+		}),
+		AttemptsUnresolved: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_charge_attempts_unresolved",
+			Help: "Charge attempts whose outcome the provider cannot tell (no payment found and the idempotency key forgotten): they need a human (docs/operations.md).",
 		}),
 		AttemptsRecovered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_charge_attempts_recovered_total",
@@ -253,6 +299,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
+		m.PaymentReplays, m.PaymentLookups, m.Webhooks, m.AttemptsInProgress, m.AttemptsOldestInProgress, m.AttemptsUnresolved,
 		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
 		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
 		m.OutboxPublished, m.OutboxErrors, m.Lag, m.StableOffsetHeld, m.Retries, m.Retrying, m.HeartbeatAge, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch, m.ClaimedEventAge,

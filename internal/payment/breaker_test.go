@@ -29,7 +29,7 @@ func TestCharge_BreakerSparesAProviderThatIsDown(t *testing.T) {
 		_, _ = w.Write([]byte(chargeOK))
 	}))
 	defer srv.Close()
-	c, m := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 4})
+	c, m := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{MaxConcurrency: 4}})
 	req := payment.Request{IdempotencyKey: eventID, OrderID: 123, CustomerID: 45, Amount: 1999, Currency: "EUR"}
 
 	for range 100 {
@@ -80,9 +80,9 @@ func TestCharge_BreakerIgnoresBusinessAnswers(t *testing.T) {
 		w.WriteHeader(http.StatusPaymentRequired)
 	}))
 	defer srv.Close()
-	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 4})
+	c, _ := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{MaxConcurrency: 4}})
 	for range 20 {
-		if _, err := c.Charge(context.Background(), payment.Request{IdempotencyKey: eventID, OrderID: 1, CustomerID: 1, Amount: 1, Currency: "EUR"}); !errors.Is(err, payment.ErrDeclined) {
+		if out, err := c.Charge(context.Background(), payment.Request{IdempotencyKey: eventID, OrderID: 1, CustomerID: 1, Amount: 1, Currency: "EUR"}); err != nil || out.Kind != payment.Declined {
 			t.Fatalf("got %v, want declined", err)
 		}
 	}

@@ -29,7 +29,7 @@ func TestClient_MaxConcurrencyBoundsRequestsInFlight(t *testing.T) {
 		answer(200, chargeOK)(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 3})
+	c, _ := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{MaxConcurrency: 3}})
 	var wg sync.WaitGroup
 	for range 24 {
 		wg.Go(func() {
@@ -58,7 +58,7 @@ func TestClient_MaxRPSBoundsRequestsPerSecond(t *testing.T) {
 		answer(200, chargeOK)(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 50, MaxRPS: 20})
+	c, _ := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{MaxConcurrency: 50, MaxRPS: 20}})
 	var wg sync.WaitGroup
 	for range 50 {
 		wg.Go(func() { _, _ = c.Charge(context.Background(), charge) })
@@ -96,7 +96,7 @@ func TestClient_RetryAfterOf429PausesTheWholeClient(t *testing.T) {
 		answer(200, chargeOK)(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 8})
+	c, _ := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{MaxConcurrency: 8}})
 	limited := time.Now()
 	if _, err := c.Charge(context.Background(), charge); err == nil {
 		t.Fatal("the 429 was not an error")

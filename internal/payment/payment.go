@@ -1,4 +1,11 @@
-// Package payment is the HTTP client of the payment provider.
+// Package payment is billing's seam to the payment provider.
+//
+// billing's phases see a handful of outcome kinds (Outcome: succeeded,
+// declined, rejected, in progress, indeterminate) and transient errors;
+// what a provider's answer means is its Protocol's knowledge (packages
+// contract, stripe). A Client wraps a Protocol with what every provider
+// shares: at most so many requests in flight and per second, a pause after
+// a 429, a circuit breaker, the metrics, the connections.
 //
 // Every charge carries Idempotency-Key: <eventId>. That is the second guard on
 // money: when the provider charged but its answer was lost (a reset
@@ -10,16 +17,13 @@
 package payment
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -33,89 +37,9 @@ import (
 	"example.com/billing/internal/tracing"
 )
 
-// Request is one charge.
-type Request struct {
-	IdempotencyKey string // the event id
-	OrderID        int64
-	CustomerID     int64
-	Amount         int64 // minor units
-	Currency       string
-	// Ready, when set, is asked once the request has its turn (a slot, a
-	// token of the rate limit, no pause in force), just before it is
-	// sent: a turn can take seconds, and the caller may no longer want
-	// the request by then (the message's partition is another consumer's).
-	// An error leaves it unsent: Charge returns a *TransientError that
-	// wraps ErrNotSent and it. It is not part of what the provider sees.
-	Ready func() error
-}
-
-// Charge is the provider's record of a succeeded charge.
-type Charge struct {
-	ID     string `json:"id"`
-	Status string `json:"status"`
-}
-
-var (
-	// ErrDeclined: the provider refused the payment (402). A final business
-	// outcome: record it, do not retry.
-	ErrDeclined = errors.New("payment declined")
-	// ErrRejected: the provider refused the request itself (422: the key was
-	// reused with a different body; 400: malformed). Caused by the event, so
-	// retrying cannot help: the event goes to the dead-letter topic.
-	ErrRejected = errors.New("payment request rejected")
-	// ErrNotSent: the request had its turn but its Ready refused it; the
-	// provider never saw it.
-	ErrNotSent = errors.New("payment request not sent: its caller no longer wants it")
-)
-
-// DeclineError is a declined payment (402). It wraps ErrDeclined.
-type DeclineError struct {
-	// Code is the provider's reason (Stripe's decline_code, else its
-	// code), "" when it gave none.
-	Code   string
-	detail string
-}
-
-func (e *DeclineError) Error() string { return ErrDeclined.Error() + ": " + e.detail }
-func (e *DeclineError) Unwrap() error { return ErrDeclined }
-
-// DeclineCode returns the provider's decline code of err, "" for any other
-// error or a decline without one.
-func DeclineCode(err error) string {
-	var de *DeclineError
-	if errors.As(err, &de) {
-		return de.Code
-	}
-	return ""
-}
-
-// declineCode reads a Stripe-like 402 body: error.decline_code, else
-// error.code. The code is kept only when it is a short identifier: it goes
-// into an event other services read.
-func declineCode(body []byte) string {
-	var answer struct {
-		Error struct {
-			DeclineCode string `json:"decline_code"`
-			Code        string `json:"code"`
-		} `json:"error"`
-	}
-	if json.Unmarshal(body, &answer) != nil {
-		return ""
-	}
-	code := answer.Error.DeclineCode
-	if code == "" {
-		code = answer.Error.Code
-	}
-	if len(code) > 64 {
-		return ""
-	}
-	for _, r := range code {
-		if !(r == '_' || r == '-' || r == '.' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9')) {
-			return ""
-		}
-	}
-	return code
-}
+// ErrNotSent: the request had its turn but its Ready refused it; the
+// provider never saw it.
+var ErrNotSent = errors.New("payment request not sent: its caller no longer wants it")
 
 // TransientError is a failure of the environment (provider down, overloaded,
 // unreachable, misconfigured credentials): retry later with the same key.
@@ -132,10 +56,13 @@ func (e *TransientError) Error() string { return "payment provider: " + e.Err.Er
 func (e *TransientError) RetryAfter() time.Duration { return e.After }
 func (e *TransientError) Unwrap() error             { return e.Err }
 
+// Transient returns a *TransientError counted under result.
+func Transient(result string, after time.Duration, err error) *TransientError {
+	return &TransientError{Result: result, After: after, Err: err}
+}
+
 // Config configures a Client.
 type Config struct {
-	BaseURL string        // e.g. https://psp.example.com; /v1/charges is appended
-	APIKey  string        // sent as a bearer token; never logged
 	Timeout time.Duration // per request
 	// MaxConcurrency bounds the requests in flight, whole client, and the
 	// connections to the provider, so that keep-alive connections are
@@ -160,7 +87,7 @@ type Config struct {
 // PAYMENT_MAX_RPS=100, on a loaded 2-core machine).
 const rpsMargin = 1.05
 
-// Client calls the provider's charges API.
+// Client calls the provider through its Protocol.
 //
 // It stays inside what the provider allows, for the whole process: at most
 // MaxConcurrency requests in flight and MaxRPS a second, and after a 429
@@ -168,8 +95,7 @@ const rpsMargin = 1.05
 // waits for its turn (or for its context to end) before its request is
 // sent; a provider that keeps failing is left alone by the circuit breaker.
 type Client struct {
-	url     string
-	apiKey  string
+	proto   Protocol
 	timeout time.Duration
 	http    *http.Client
 	breaker *breaker
@@ -182,8 +108,8 @@ type Client struct {
 	pausedUntil atomic.Int64
 }
 
-// New returns a client for cfg.
-func New(cfg Config, m *metrics.Metrics) *Client {
+// New returns a client that speaks proto within cfg's limits.
+func New(proto Protocol, cfg Config, m *metrics.Metrics) *Client {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConns = cfg.MaxConcurrency
 	transport.MaxIdleConnsPerHost = cfg.MaxConcurrency
@@ -198,17 +124,16 @@ func New(cfg Config, m *metrics.Metrics) *Client {
 	transport.WriteBufferSize = connBuffer
 	// otelhttp costs a few percent of the service's CPU even with a no-op
 	// provider (it builds its metric attributes per request), so it wraps
-	// the transport only when spans are recorded. Either way charge puts the
+	// the transport only when spans are recorded. Either way do puts the
 	// caller's traceparent on the request.
 	var rt http.RoundTripper = transport
 	if _, off := cfg.TracerProvider.(noop.TracerProvider); cfg.TracerProvider != nil && !off {
 		rt = otelhttp.NewTransport(transport,
 			otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator()),
-			otelhttp.WithSpanNameFormatter(func(string, *http.Request) string { return "payment charge" }))
+			otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "payment " + r.Method }))
 	}
 	c := &Client{
-		url:     strings.TrimRight(cfg.BaseURL, "/") + "/v1/charges",
-		apiKey:  cfg.APIKey,
+		proto:   proto,
 		timeout: cfg.Timeout,
 		breaker: &breaker{now: time.Now},
 		http: &http.Client{
@@ -235,44 +160,45 @@ func (c *Client) Concurrency() int { return cap(c.slots) }
 // Close releases idle connections.
 func (c *Client) Close() { c.http.CloseIdleConnections() }
 
-type chargeBody struct {
-	OrderID    int64  `json:"orderId"`
-	CustomerID int64  `json:"customerId"`
-	Amount     int64  `json:"amount"`
-	Currency   string `json:"currency"`
-}
-
 // connBuffer is the size of each provider connection's read and write
 // buffers.
 const connBuffer = 1 << 10
 
-// maxAnswer bounds how much of an answer is read: a provider answer is small,
-// and a misbehaving one must not exhaust memory.
-const maxAnswer = 64 << 10
+// maxAnswer bounds how much of a charge's answer is read: a provider answer
+// is small, and a misbehaving one must not exhaust memory; maxPage bounds a
+// lookup's or a listing's (a page of 100 payments is ~30 KB).
+const (
+	maxAnswer = 64 << 10
+	maxPage   = 32 << 20
+)
 
-// Charge asks the provider to charge r. It returns the charge, or an error
-// that wraps ErrDeclined, wraps ErrRejected, or is a *TransientError (one
-// that wraps ErrCircuitOpen when the request was not even sent).
-func (c *Client) Charge(ctx context.Context, r Request) (Charge, error) {
+// Charge asks the provider to charge r. It returns the provider's outcome,
+// or a *TransientError (one that wraps ErrCircuitOpen or ErrNotSent when
+// the request was not even sent).
+func (c *Client) Charge(ctx context.Context, r Request) (Outcome, error) {
 	release, err := c.turn(ctx)
 	if err != nil {
-		return Charge{}, transient("canceled", 0, err)
+		return Outcome{}, Transient("canceled", 0, err)
 	}
 	defer release()
 	if r.Ready != nil {
 		if err := r.Ready(); err != nil {
-			return Charge{}, transient("not_sent", 0, fmt.Errorf("%w: %w", ErrNotSent, err))
+			return Outcome{}, Transient("not_sent", 0, fmt.Errorf("%w: %w", ErrNotSent, err))
 		}
 	}
 	ok, probe := c.breaker.allow()
 	if !ok {
 		c.metrics.PaymentRequests.WithLabelValues("circuit_open").Inc()
-		return Charge{}, transient("circuit_open", 0, ErrCircuitOpen)
+		return Outcome{}, Transient("circuit_open", 0, ErrCircuitOpen)
 	}
 	started := time.Now()
-	ch, result, err := c.charge(ctx, r)
+	out, err := c.proto.Charge(ctx, doer{c, maxAnswer}, r)
 	c.metrics.PaymentSeconds.Observe(time.Since(started).Seconds())
+	result := resultOf(out, err)
 	c.metrics.PaymentRequests.WithLabelValues(result).Inc()
+	if out.Replayed {
+		c.metrics.PaymentReplays.Inc()
+	}
 	var te *TransientError
 	if result == "rate_limited" && errors.As(err, &te) && te.After > 0 {
 		c.pause(te.After)
@@ -283,7 +209,48 @@ func (c *Client) Charge(ctx context.Context, r Request) (Charge, error) {
 	if probe || (result != "conflict" && ctx.Err() == nil) {
 		c.breaker.done(healthy(result), probe)
 	}
-	return ch, err
+	return out, err
+}
+
+// Resolve asks the provider what became of the attempt l (Protocol.Resolve),
+// within the client's limits: lookups count against the provider's rate
+// limit like charges. The circuit breaker does not stand in its way: a
+// lookup charges nothing.
+func (c *Client) Resolve(ctx context.Context, l Lookup) (Outcome, error) {
+	release, err := c.turn(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
+	defer release()
+	out, err := c.proto.Resolve(ctx, doer{c, maxPage}, l)
+	result := out.Kind.String()
+	if err != nil {
+		result = "error"
+	}
+	c.metrics.PaymentLookups.WithLabelValues(result).Inc()
+	return out, err
+}
+
+// Charges lists every payment the provider created in [from, to)
+// (Protocol.Charges). Listing is for reconciliation, an operator's batch
+// job: it takes none of the charging requests' slots or rate budget, and no
+// circuit breaker stands in its way.
+func (c *Client) Charges(ctx context.Context, from, to time.Time) ([]ListedCharge, error) {
+	return c.proto.Charges(ctx, doer{c, maxPage}, from, to)
+}
+
+// resultOf is the billing_payment_requests_total label of a charge's answer.
+func resultOf(out Outcome, err error) string {
+	var te *TransientError
+	switch {
+	case errors.As(err, &te):
+		return te.Result
+	case err != nil:
+		return "client_error"
+	case out.Kind == Succeeded:
+		return "charged"
+	}
+	return out.Kind.String()
 }
 
 // turn waits until a request may be sent: a free slot, no 429 pause in
@@ -341,70 +308,37 @@ func (c *Client) pause(d time.Duration) {
 // about the request itself.
 func healthy(result string) bool {
 	switch result {
-	case "charged", "declined", "rejected", "conflict":
+	case "charged", "declined", "rejected", "conflict", "in_progress":
 		return true
 	}
 	return false
 }
 
-func (c *Client) charge(ctx context.Context, r Request) (Charge, string, error) {
-	// Integers and a validated three-letter code: marshalling cannot fail.
-	body, _ := json.Marshal(chargeBody{OrderID: r.OrderID, CustomerID: r.CustomerID, Amount: r.Amount, Currency: r.Currency})
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
-	if err != nil {
-		return Charge{}, "client_error", transient("client_error", 0, fmt.Errorf("build request: %w", err))
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", r.IdempotencyKey)
-	tracing.Propagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
-	if c.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+c.apiKey)
-	}
-
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return Charge{}, networkResult(err), transient(networkResult(err), 0, err)
-	}
-	defer resp.Body.Close()
-	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-	if err != nil {
-		return Charge{}, networkResult(err), transient(networkResult(err), 0, fmt.Errorf("read answer: %w", err))
-	}
-
-	switch code := resp.StatusCode; {
-	case code == http.StatusOK || code == http.StatusCreated:
-		var ch Charge
-		if err := json.Unmarshal(answer, &ch); err != nil || ch.ID == "" || ch.Status != "succeeded" {
-			// A success we cannot read is not a charge we can record;
-			// asking again with the same key gets the stored answer.
-			return Charge{}, "bad_response", transient("bad_response", 0, fmt.Errorf("unexpected answer %d %s", code, c.snippet(answer)))
-		}
-		return ch, "charged", nil
-	case code == http.StatusPaymentRequired:
-		return Charge{}, "declined", &DeclineError{Code: declineCode(answer), detail: c.snippet(answer)}
-	case code == http.StatusUnprocessableEntity || code == http.StatusBadRequest:
-		return Charge{}, "rejected", fmt.Errorf("%w: %d %s", ErrRejected, code, c.snippet(answer))
-	case code == http.StatusConflict:
-		// The same key is still being processed by the provider (our
-		// previous attempt, whose answer we lost): ask again later.
-		return Charge{}, "conflict", transient("conflict", 0, fmt.Errorf("409 request in progress"))
-	case code == http.StatusTooManyRequests:
-		return Charge{}, "rate_limited", transient("rate_limited", retryAfter(resp), fmt.Errorf("429 rate limited"))
-	case code >= 500:
-		return Charge{}, "server_error", transient("server_error", retryAfter(resp), fmt.Errorf("%d %s", code, c.snippet(answer)))
-	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		// Bad credentials are the environment's fault, not the event's:
-		// hold the partition until an operator fixes PAYMENT_API_KEY.
-		return Charge{}, "unauthorized", transient("unauthorized", 0, fmt.Errorf("%d check PAYMENT_API_KEY", code))
-	default:
-		return Charge{}, "client_error", transient("client_error", 0, fmt.Errorf("unexpected status %d %s", code, c.snippet(answer)))
-	}
+// doer is the Client's Doer: one exchange within the client's timeout, the
+// caller's traceparent on the request, at most limit bytes of the answer
+// read.
+type doer struct {
+	c     *Client
+	limit int64
 }
 
-func transient(result string, after time.Duration, err error) *TransientError {
-	return &TransientError{Result: result, After: after, Err: err}
+func (d doer) Do(req *http.Request) (Response, error) {
+	ctx, cancel := context.WithTimeout(req.Context(), d.c.timeout)
+	defer cancel()
+	req = req.WithContext(ctx)
+	tracing.Propagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
+	resp, err := d.c.http.Do(req)
+	if err != nil {
+		return Response{}, Transient(networkResult(err), 0, err)
+	}
+	defer resp.Body.Close()
+	// Read no further than limit: what a longer answer says is judged by
+	// its start (a truncated document does not decode).
+	body, err := io.ReadAll(io.LimitReader(resp.Body, d.limit))
+	if err != nil {
+		return Response{}, Transient(networkResult(err), 0, fmt.Errorf("read answer: %w", err))
+	}
+	return Response{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
 }
 
 func networkResult(err error) string {
@@ -415,27 +349,12 @@ func networkResult(err error) string {
 	return "connection_error"
 }
 
-// retryAfter reads a Retry-After given in seconds; the HTTP-date form is
-// ignored and the caller's own backoff applies.
-func retryAfter(resp *http.Response) time.Duration {
-	s, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+// RetryAfter reads a Retry-After given in seconds, at most 5 minutes; the
+// HTTP-date form is ignored and the caller's own backoff applies.
+func RetryAfter(h http.Header) time.Duration {
+	s, err := strconv.Atoi(h.Get("Retry-After"))
 	if err != nil || s <= 0 {
 		return 0
 	}
 	return min(time.Duration(s)*time.Second, 5*time.Minute)
-}
-
-// snippet keeps error texts short and single-line: they end up in logs and
-// dead-letter headers. It masks the API key, which a provider (or a proxy in
-// front of it) may echo back in an error answer.
-func (c *Client) snippet(b []byte) string {
-	const limit = 200
-	s := strings.Join(strings.Fields(string(b)), " ")
-	if c.apiKey != "" {
-		s = strings.ReplaceAll(s, c.apiKey, "xxxxx")
-	}
-	if len(s) > limit {
-		s = s[:limit] + "…"
-	}
-	return s
 }

@@ -20,6 +20,7 @@ import (
 
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/contract"
 )
 
 const (
@@ -32,14 +33,22 @@ const (
 
 var charge = payment.Request{IdempotencyKey: eventID, OrderID: 123, CustomerID: 45, Amount: 1999, Currency: "EUR"}
 
-// newClient returns a client for cfg with metrics in a registry of its own.
-func newClient(t *testing.T, cfg payment.Config) (*payment.Client, *metrics.Metrics) {
+// config is a client's configuration: the contract's address and key, and
+// the client's limits.
+type config struct {
+	BaseURL, APIKey string
+	payment.Config
+}
+
+// newClient returns a client of the contract for cfg with metrics in a
+// registry of its own.
+func newClient(t *testing.T, cfg config) (*payment.Client, *metrics.Metrics) {
 	t.Helper()
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}
 	m := metrics.New(prometheus.NewRegistry())
-	c := payment.New(cfg, m)
+	c := payment.New(contract.New(cfg.BaseURL, cfg.APIKey), cfg.Config, m)
 	t.Cleanup(c.Close)
 	return c, m
 }
@@ -100,14 +109,14 @@ func TestCharge_Request(t *testing.T) {
 				_, _ = io.WriteString(w, chargeOK)
 			}))
 			t.Cleanup(srv.Close)
-			c, _ := newClient(t, payment.Config{BaseURL: srv.URL + tt.basePath, APIKey: tt.apiKey, MaxConcurrency: 4})
+			c, _ := newClient(t, config{BaseURL: srv.URL + tt.basePath, APIKey: tt.apiKey, Config: payment.Config{MaxConcurrency: 4}})
 
-			ch, err := c.Charge(context.Background(), charge)
+			out, err := c.Charge(context.Background(), charge)
 			if err != nil {
 				t.Fatalf("Charge: %v", err)
 			}
-			if ch.ID != "ch_1" || ch.Status != "succeeded" {
-				t.Errorf("charge = %+v, want ch_1 succeeded", ch)
+			if out.Ref != "ch_1" || out.Kind != payment.Succeeded {
+				t.Errorf("outcome = %+v, want ch_1 succeeded", out)
 			}
 			r := <-got
 			if r.method != http.MethodPost {
@@ -142,22 +151,25 @@ const (
 	charged outcome = iota
 	declined
 	rejected
+	inProgress
 	transient
 )
 
 func (o outcome) String() string {
-	return [...]string{"charged", "declined", "rejected", "transient"}[o]
+	return [...]string{"charged", "declined", "rejected", "in progress", "transient"}[o]
 }
 
-// classify checks that err is exactly one of the documented kinds.
-func classify(t *testing.T, err error) outcome {
+// classify checks that Charge's answer is exactly one of the documented
+// kinds.
+func classify(t *testing.T, out payment.Outcome, err error) outcome {
 	t.Helper()
 	var te *payment.TransientError
 	kinds := map[outcome]bool{
-		charged:   err == nil,
-		declined:  errors.Is(err, payment.ErrDeclined),
-		rejected:  errors.Is(err, payment.ErrRejected),
-		transient: errors.As(err, &te),
+		charged:    err == nil && out.Kind == payment.Succeeded,
+		declined:   err == nil && out.Kind == payment.Declined,
+		rejected:   err == nil && out.Kind == payment.Rejected,
+		inProgress: err == nil && out.Kind == payment.InProgress,
+		transient:  errors.As(err, &te) && out == (payment.Outcome{}),
 	}
 	var got []outcome
 	for o, yes := range kinds {
@@ -191,7 +203,10 @@ func TestCharge_Classification(t *testing.T) {
 		{"ErrTransient_200NoID", 200, `{"status":"succeeded"}`, nil, transient, "bad_response", 0},
 		{"ErrTransient_200NotSucceeded", 200, `{"id":"ch_1","status":"pending"}`, nil, transient, "bad_response", 0},
 		{"ErrTransient_201Failed", 201, `{"id":"ch_1","status":"failed"}`, nil, transient, "bad_response", 0},
-		{"ErrTransient_202Accepted", 202, chargeOK, nil, transient, "client_error", 0},
+		{"ErrTransient_202Succeeded", 202, chargeOK, nil, transient, "bad_response", 0},
+		{"OK_202Processing", 202, `{"id":"ch_1","status":"processing"}`, nil, inProgress, "in_progress", 0},
+		{"OK_200Processing", 200, `{"id":"ch_1","status":"processing"}`, nil, inProgress, "in_progress", 0},
+		{"ErrTransient_202ProcessingNoID", 202, `{"status":"processing"}`, nil, transient, "bad_response", 0},
 		{"ErrTransient_204NoContent", 204, ``, nil, transient, "client_error", 0},
 		{"ErrTransient_302WithoutLocation", 302, ``, nil, transient, "client_error", 0},
 		{"ErrTransient_418Teapot", 418, `short and stout`, nil, transient, "client_error", 0},
@@ -216,21 +231,24 @@ func TestCharge_Classification(t *testing.T) {
 			t.Parallel()
 			srv := httptest.NewServer(answer(tt.status, tt.body, tt.headers...))
 			t.Cleanup(srv.Close)
-			c, m := newClient(t, payment.Config{BaseURL: srv.URL, APIKey: apiKey, MaxConcurrency: 4})
+			c, m := newClient(t, config{BaseURL: srv.URL, APIKey: apiKey, Config: payment.Config{MaxConcurrency: 4}})
 
-			ch, err := c.Charge(context.Background(), charge)
-			if got := classify(t, err); got != tt.want {
-				t.Fatalf("status %d: got %v (err %v), want %v", tt.status, got, err, tt.want)
+			out, err := c.Charge(context.Background(), charge)
+			if got := classify(t, out, err); got != tt.want {
+				t.Fatalf("status %d: got %v (%+v, err %v), want %v", tt.status, got, out, err, tt.want)
 			}
 			checkCounted(t, m, tt.result)
-			if tt.want == charged {
-				if ch.ID != "ch_1" || ch.Status != "succeeded" {
-					t.Errorf("charge = %+v, want ch_1 succeeded", ch)
+			switch tt.want {
+			case charged, inProgress:
+				if out.Ref != "ch_1" {
+					t.Errorf("outcome = %+v, want the provider's id ch_1", out)
 				}
 				return
-			}
-			if ch != (payment.Charge{}) {
-				t.Errorf("failed charge returned %+v, want the zero Charge", ch)
+			case declined, rejected:
+				if strings.Contains(out.Detail, apiKey) {
+					t.Errorf("detail reveals the API key: %q", out.Detail)
+				}
+				return
 			}
 			if strings.Contains(err.Error(), apiKey) {
 				t.Errorf("error reveals the API key: %q", err)
@@ -262,7 +280,7 @@ func TestCharge_Unreachable(t *testing.T) {
 		}))
 		t.Cleanup(srv.Close)
 		t.Cleanup(func() { close(release) }) // runs before srv.Close
-		c, m := newClient(t, payment.Config{BaseURL: srv.URL, Timeout: 100 * time.Millisecond, MaxConcurrency: 4})
+		c, m := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{Timeout: 100 * time.Millisecond, MaxConcurrency: 4}})
 
 		// The caller's own deadline is far away: the client's timeout must
 		// end the call.
@@ -288,7 +306,7 @@ func TestCharge_Unreachable(t *testing.T) {
 		srv := httptest.NewServer(answer(201, chargeOK))
 		base := srv.URL
 		srv.Close() // nothing listens on base any more
-		c, m := newClient(t, payment.Config{BaseURL: base, APIKey: apiKey, MaxConcurrency: 4})
+		c, m := newClient(t, config{BaseURL: base, APIKey: apiKey, Config: payment.Config{MaxConcurrency: 4}})
 
 		_, err := c.Charge(context.Background(), charge)
 		var te *payment.TransientError
@@ -308,12 +326,12 @@ func TestCharge_Unreachable(t *testing.T) {
 		t.Parallel()
 		srv := httptest.NewServer(answer(201, chargeOK))
 		t.Cleanup(srv.Close)
-		c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 4})
+		c, _ := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{MaxConcurrency: 4}})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 
-		_, err := c.Charge(ctx, charge)
-		if got := classify(t, err); got != transient {
+		out, err := c.Charge(ctx, charge)
+		if got := classify(t, out, err); got != transient {
 			t.Errorf("canceled call: got %v (err %v), want transient", got, err)
 		}
 	})
@@ -350,14 +368,18 @@ func TestCharge_OversizeAnswer(t *testing.T) {
 				written <- n
 			}))
 			t.Cleanup(srv.Close)
-			c, _ := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 4})
+			c, _ := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{MaxConcurrency: 4}})
 
-			_, err := c.Charge(context.Background(), charge)
-			if got := classify(t, err); got != tt.want {
-				t.Fatalf("got %v (err %v), want %v", got, err, tt.want)
+			out, err := c.Charge(context.Background(), charge)
+			if got := classify(t, out, err); got != tt.want {
+				t.Fatalf("got %v (%+v, err %v), want %v", got, out, err, tt.want)
 			}
-			if len(err.Error()) > 1024 {
-				t.Errorf("error text is %d bytes long; it goes into logs and DLQ headers", len(err.Error()))
+			text := out.Detail
+			if err != nil {
+				text = err.Error()
+			}
+			if len(text) > 1024 {
+				t.Errorf("error text is %d bytes long; it goes into logs and DLQ headers", len(text))
 			}
 			n := <-written
 			t.Logf("server wrote %d bytes", n)
@@ -399,7 +421,7 @@ func TestCharge_KeepAlive(t *testing.T) {
 			}
 			srv.Start()
 			t.Cleanup(srv.Close)
-			c, m := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: tt.maxConns})
+			c, m := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{MaxConcurrency: tt.maxConns}})
 
 			for range 50 {
 				_, _ = c.Charge(context.Background(), charge)
@@ -443,14 +465,18 @@ func TestCharge_APIKeyNeverInErrors(t *testing.T) {
 				_, _ = io.WriteString(w, `{"error":"invalid credentials: `+r.Header.Get("Authorization")+`", "key":"`+strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")+`"}`)
 			}))
 			t.Cleanup(srv.Close)
-			c, _ := newClient(t, payment.Config{BaseURL: srv.URL, APIKey: apiKey, MaxConcurrency: 4})
+			c, _ := newClient(t, config{BaseURL: srv.URL, APIKey: apiKey, Config: payment.Config{MaxConcurrency: 4}})
 
-			_, err := c.Charge(context.Background(), charge)
-			if err == nil {
-				t.Fatalf("status %d: no error", status)
+			out, err := c.Charge(context.Background(), charge)
+			text := out.Detail
+			if err != nil {
+				text = err.Error()
 			}
-			if strings.Contains(err.Error(), apiKey) {
-				t.Errorf("status %d: error reveals the API key: %q", status, err)
+			if text == "" {
+				t.Fatalf("status %d: no error and no detail (%+v)", status, out)
+			}
+			if strings.Contains(text, apiKey) {
+				t.Errorf("status %d: error reveals the API key: %q", status, text)
 			}
 		})
 	}
@@ -465,7 +491,7 @@ func TestCharge_CarriesTheCallersTraceparent(t *testing.T) {
 		io.WriteString(w, chargeOK)
 	}))
 	defer srv.Close()
-	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, Timeout: time.Second, MaxConcurrency: 1})
+	c, _ := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{Timeout: time.Second, MaxConcurrency: 1}})
 	sc := trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled, Remote: true,
 	})
@@ -499,11 +525,11 @@ func TestCharge_RequestsAndAnswersLargerThanTheBuffers(t *testing.T) {
 		_, _ = io.WriteString(w, padding)
 	}))
 	t.Cleanup(srv.Close)
-	c, _ := newClient(t, payment.Config{BaseURL: srv.URL, APIKey: longKey, MaxConcurrency: 2})
+	c, _ := newClient(t, config{BaseURL: srv.URL, APIKey: longKey, Config: payment.Config{MaxConcurrency: 2}})
 	for range 3 { // and again on the kept-alive connection
-		ch, err := c.Charge(context.Background(), charge)
-		if err != nil || ch.ID != "ch_1" {
-			t.Fatalf("Charge = %+v, %v; want ch_1", ch, err)
+		out, err := c.Charge(context.Background(), charge)
+		if err != nil || out.Ref != "ch_1" {
+			t.Fatalf("Charge = %+v, %v; want ch_1", out, err)
 		}
 	}
 }
@@ -520,7 +546,7 @@ func TestCharge_ReadyIsAskedAfterTheTurnBeforeSending(t *testing.T) {
 		answer(201, chargeOK)(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, m := newClient(t, payment.Config{BaseURL: srv.URL, MaxConcurrency: 4, MaxRPS: 2})
+	c, m := newClient(t, config{BaseURL: srv.URL, Config: payment.Config{MaxConcurrency: 4, MaxRPS: 2}})
 	if _, err := c.Charge(context.Background(), charge); err != nil { // takes the burst's token
 		t.Fatal(err)
 	}

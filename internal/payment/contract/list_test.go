@@ -1,4 +1,4 @@
-package payment_test
+package contract_test
 
 import (
 	"bytes"
@@ -13,7 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/contract"
 )
 
 var (
@@ -63,7 +67,7 @@ func TestCharges_FollowsPages(t *testing.T) {
 	}
 	var requests atomic.Int32
 	srv := pagingProvider(t, charges, 100, &requests)
-	l, _ := newClient(t, payment.Config{BaseURL: srv.URL + "/", APIKey: "k"})
+	l, _ := newClient(t, srv.URL+"/", "k", 0)
 	got, err := l.Charges(context.Background(), listFrom, listTo)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +80,7 @@ func TestCharges_FollowsPages(t *testing.T) {
 func TestCharges_Errors(t *testing.T) {
 	var requests atomic.Int32
 	srv := pagingProvider(t, nil, 100, &requests)
-	l, _ := newClient(t, payment.Config{BaseURL: srv.URL, APIKey: "wrong"})
+	l, _ := newClient(t, srv.URL, "wrong", 0)
 	if _, err := l.Charges(context.Background(), listFrom, listTo); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("wrong key: err = %v, want the 401", err)
 	}
@@ -86,7 +90,7 @@ func TestCharges_Errors(t *testing.T) {
 		_, _ = rw.Write([]byte(`{"data":[],"has_more":true}`))
 	}))
 	t.Cleanup(stuck.Close)
-	l, _ = newClient(t, payment.Config{BaseURL: stuck.URL})
+	l, _ = newClient(t, stuck.URL, "", 0)
 	if _, err := l.Charges(context.Background(), listFrom, listTo); err == nil {
 		t.Error("has_more with an empty page was accepted")
 	}
@@ -98,8 +102,20 @@ func TestCharges_Errors(t *testing.T) {
 		}
 	}))
 	t.Cleanup(slow.Close)
-	l, _ = newClient(t, payment.Config{BaseURL: slow.URL, Timeout: 50 * time.Millisecond})
+	l, _ = newClient(t, slow.URL, "", 50*time.Millisecond)
 	if _, err := l.Charges(context.Background(), listFrom, listTo); err == nil {
 		t.Error("a provider that does not answer did not time out")
 	}
+}
+
+// newClient returns a client of the contract at base.
+func newClient(t *testing.T, base, apiKey string, timeout time.Duration) (*payment.Client, *metrics.Metrics) {
+	t.Helper()
+	if timeout == 0 {
+		timeout = 5 * time.Second
+	}
+	m := metrics.New(prometheus.NewRegistry())
+	c := payment.New(contract.New(base, apiKey), payment.Config{Timeout: timeout}, m)
+	t.Cleanup(c.Close)
+	return c, m
 }
