@@ -15,16 +15,15 @@ import (
 
 // pi is a PaymentIntent as Stripe's API writes it.
 type pi struct {
-	ID                 string            `json:"id"`
-	Object             string            `json:"object"`
-	Status             string            `json:"status"`
-	Amount             int64             `json:"amount"`
-	Currency           string            `json:"currency"`
-	Created            int64             `json:"created"`
-	Customer           string            `json:"customer,omitempty"`
-	Metadata           map[string]string `json:"metadata"`
-	LastPaymentError   map[string]string `json:"last_payment_error,omitempty"`
-	CancellationReason string            `json:"cancellation_reason,omitempty"`
+	ID               string            `json:"id"`
+	Object           string            `json:"object"`
+	Status           string            `json:"status"`
+	Amount           int64             `json:"amount"`
+	Currency         string            `json:"currency"`
+	Created          int64             `json:"created"`
+	Customer         string            `json:"customer,omitempty"`
+	Metadata         map[string]string `json:"metadata"`
+	LastPaymentError map[string]string `json:"last_payment_error,omitempty"`
 }
 
 // fakeStripe answers the lookups and listings of PaymentIntents as Stripe

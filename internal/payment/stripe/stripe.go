@@ -131,11 +131,13 @@ func (p *Protocol) classify(resp payment.Response) (payment.Outcome, error) {
 	switch {
 	case fromStripe && e.Type == "idempotency_error":
 		// The key was used with other parameters: every try gets this
-		// answer, whatever its status (Stripe has sent 400, 409 and 422).
+		// answer, whatever its status (Stripe's docs say 400, other
+		// sources 409 or 422).
 		return payment.Outcome{Kind: payment.Rejected, Code: e.code(), Detail: detail(), Replayed: replayed}, nil
 	case retry == "true":
-		// Stripe knows whether its idempotency layer stored the answer:
-		// its word comes before the status, as stripe-go takes it.
+		// Stripe knows whether its idempotency layer stored the answer
+		// and whether another try may fare better: its word comes before
+		// the status.
 		return payment.Outcome{}, transient(status, resp.Header, detail())
 	case status == http.StatusPaymentRequired && fromStripe:
 		return payment.Outcome{Kind: payment.Declined, Ref: e.paymentIntentID(), Code: e.declineCode(), Detail: detail(), Replayed: replayed}, nil
