@@ -6,15 +6,15 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/billing
 
-.PHONY: help ci build demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup lint-migrations squawk
+.PHONY: help ci build demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup lint-migrations squawk stripe-mock
 
 ## help: the targets and what they do (from the Makefile's ## comments)
 help:
 	@awk '/^## [a-z-]+:/ { sub(/^## /, ""); print; next } /^## / { sub(/^## /, "    "); print }' $(MAKEFILE_LIST)
 
 ## ci: what CI runs on a clean clone (.ci/run): PostgreSQL, make kafka, make
-## squawk, make lint, make test, make test-kfake, make fuzz and make chaos,
-## with each stage's time (docs/testing.md)
+## squawk, make stripe-mock, make lint, make test, make test-kfake, make fuzz
+## and make chaos, with each stage's time (docs/testing.md)
 ci:
 	bash .ci/run
 
@@ -108,6 +108,24 @@ $(SQUAWK_DIR)/bin/squawk:
 	python3 -m pip install --quiet --disable-pip-version-check --no-input --root-user-action=ignore \
 		--target $(SQUAWK_DIR).tmp squawk-cli==$(SQUAWK_VERSION)
 	rm -rf $(SQUAWK_DIR) && mv $(SQUAWK_DIR).tmp $(SQUAWK_DIR)
+
+# stripe-mock, Stripe's server of its API's shape, pinned: the Stripe
+# adapter's shape test (internal/payment/stripe) sends billing's requests to
+# it, and its spec's version is the Stripe-Version billing pins. Installed
+# where that test looks, the first directory of GOPATH's bin (not GOBIN).
+STRIPE_MOCK_VERSION := v0.203.0
+STRIPE_MOCK_BIN     := $(firstword $(subst :, ,$(shell $(GO) env GOPATH)))/bin
+
+## stripe-mock: install the pinned stripe-mock (go install, from the Go module
+## proxy) into $(go env GOPATH)/bin; nothing when that version is there
+stripe-mock:
+	@if $(GO) version -m $(STRIPE_MOCK_BIN)/stripe-mock 2>/dev/null | \
+		grep -Eq '^[[:space:]]+mod[[:space:]]+github.com/stripe/stripe-mock[[:space:]]+$(STRIPE_MOCK_VERSION)[[:space:]]'; then \
+		echo "stripe-mock $(STRIPE_MOCK_VERSION) is installed in $(STRIPE_MOCK_BIN); nothing to do"; \
+	else \
+		echo "installing stripe-mock $(STRIPE_MOCK_VERSION) into $(STRIPE_MOCK_BIN)"; \
+		GOBIN=$(STRIPE_MOCK_BIN) $(GO) install github.com/stripe/stripe-mock@$(STRIPE_MOCK_VERSION); \
+	fi
 
 ## lint-migrations: db/migrations' Up sections against billing's rules and
 ## squawk's, less db/migrations/lint-exceptions.md (docs/deployment.md)

@@ -17,6 +17,7 @@ import (
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/payment/contract"
+	"example.com/billing/internal/payment/stripe"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
 )
@@ -157,6 +158,8 @@ func newPayer(provider, base string, limits config.PaymentLimits, tp trace.Trace
 	}
 	var proto payment.Protocol
 	switch provider {
+	case config.ProviderStripe:
+		proto, cfg.Wallet = stripe.New(base, limits.APIKey), config.ProviderStripe
 	default:
 		proto = contract.New(base, limits.APIKey)
 	}
@@ -167,6 +170,8 @@ func newPayer(provider, base string, limits config.PaymentLimits, tp trace.Trace
 // secrets; nil when the contract has no secret (its webhook is off).
 func webhookOf(provider string, secrets []string) payment.Webhook {
 	switch {
+	case provider == config.ProviderStripe:
+		return stripe.Webhook{Secrets: secrets}
 	case len(secrets) > 0:
 		return contract.Webhook{Secrets: secrets}
 	}

@@ -160,8 +160,9 @@ func (p Pool) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("url", redact.DSN(p.URL)), slog.Int("max_conns", p.MaxConns))
 }
 
-// normalize fills in the provider's idempotency window.
+// normalize fills in the provider's address and idempotency window.
 func (p *Payment) normalize() {
+	p.BaseURL = providerBaseURL(p.Provider, p.BaseURL)
 	p.IdempotencyWindow = providerWindow(p.Provider, p.IdempotencyWindow)
 }
 
@@ -176,8 +177,12 @@ func (p *Payment) Validate() error {
 	return errors.Join(errs.err(), p.PaymentLimits.Validate())
 }
 
-// normalize fills in the provider's idempotency window.
+// normalize fills in the provider's idempotency window, and Stripe's
+// address when its key is set.
 func (p *OptionalPayment) normalize() {
+	if p.Provider != ProviderStripe || p.APIKey != "" {
+		p.BaseURL = providerBaseURL(p.Provider, p.BaseURL)
+	}
 	p.IdempotencyWindow = providerWindow(p.Provider, p.IdempotencyWindow)
 }
 
@@ -192,14 +197,26 @@ func (p *OptionalPayment) Validate() error {
 
 func checkProvider(name string) Errors {
 	var errs Errors
-	if name != ProviderContract {
-		errs.add("PAYMENT_PROVIDER", "%q is not contract", name)
+	switch name {
+	case ProviderContract, ProviderStripe:
+	default:
+		errs.add("PAYMENT_PROVIDER", "%q is not one of contract, stripe", name)
 	}
 	return errs
 }
 
+// providerBaseURL is base, or the provider's public API when base is
+// unset and the provider has one.
+func providerBaseURL(provider, base string) string {
+	if base == "" && provider == ProviderStripe {
+		return StripeBaseURL
+	}
+	return base
+}
+
 // providerWindow is window, or, when it is 0, how long the provider keeps
-// an idempotency key: the contract keeps Stripe's at least 24 hours.
+// an idempotency key: Stripe prunes keys after at least 24 hours, and the
+// contract follows it.
 func providerWindow(provider string, window time.Duration) time.Duration {
 	if window != 0 {
 		return window
@@ -398,6 +415,9 @@ func (s *Serve) Validate() error {
 	if _, _, err := net.SplitHostPort(s.Webhooks.Addr); err == nil && sameListener(s.Webhooks.Addr, s.HTTPAddr) {
 		errs.add("WEBHOOK_ADDR", "%q is HTTP_ADDR's listener; the provider-facing listener is apart from the internal one", s.Webhooks.Addr)
 	}
+	if s.Payment.Provider == ProviderStripe && len(s.Webhooks.Secrets) == 0 {
+		errs.add("PAYMENT_WEBHOOK_SECRET", "is required with PAYMENT_PROVIDER=%s (the webhook endpoint's signing secret, whsec_...)", s.Payment.Provider)
+	}
 	return errors.Join(s.Kafka.Validate(), s.Database.Validate(), s.Payment.Validate(), s.Webhooks.Validate(), s.Consumer.Validate(),
 		s.Dedup.Validate(), s.Outbox.Validate(), s.Maintenance.Validate(), s.Log.Validate(), errs.err())
 }
@@ -443,7 +463,7 @@ func (m *Migrate) Validate() error {
 func (p *PaymentMethods) Validate() error {
 	errs := checkProvider(p.Provider)
 	if len(errs) == 0 && p.Provider == ProviderContract {
-		errs.add("PAYMENT_PROVIDER", "is contract, which charges by customer id and keeps no payment methods; set the provider whose methods these are")
+		errs.add("PAYMENT_PROVIDER", "is contract, which charges by customer id and keeps no payment methods; set the provider whose methods these are (stripe)")
 	}
 	return errors.Join(p.Database.Validate(), errs.err(), p.Log.Validate())
 }

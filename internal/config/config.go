@@ -66,15 +66,22 @@ type Pool struct {
 	MaxConns int `env:"DATABASE_MAX_CONNS" envDefault:"16" help:"connection pool size; bounds the short claim and settle transactions (no transaction waits for the provider)"`
 }
 
-// ProviderContract is billing's own provider contract (DESIGN.md,
-// "Payment provider call"), which billing fakepsp serves: the one
-// PAYMENT_PROVIDER billing speaks so far.
-const ProviderContract = "contract"
+// Providers billing speaks (PAYMENT_PROVIDER).
+const (
+	// ProviderContract is billing's own provider contract (DESIGN.md,
+	// "Payment provider call"), which billing fakepsp serves.
+	ProviderContract = "contract"
+	// ProviderStripe is Stripe's PaymentIntents API.
+	ProviderStripe = "stripe"
+)
+
+// StripeBaseURL is PAYMENT_BASE_URL's default for Stripe.
+const StripeBaseURL = "https://api.stripe.com"
 
 // Payment holds the payment provider settings.
 type Payment struct {
-	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract (billing's own, POST {base}/v1/charges)"`
-	BaseURL  string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; required"`
+	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract (billing's own, POST {base}/v1/charges) or stripe (PaymentIntents, off-session)"`
+	BaseURL  string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; required for contract; stripe: https://api.stripe.com when unset"`
 	PaymentLimits
 }
 
@@ -95,7 +102,7 @@ type PaymentLimits struct {
 	// could charge twice. It is looked up at the provider instead, and
 	// reported for a human when the provider cannot tell. 0: the
 	// provider's own (Load fills it in).
-	IdempotencyWindow time.Duration `env:"PAYMENT_IDEMPOTENCY_WINDOW" envDefault:"0" help:"how long the provider keeps an idempotency key (0: the provider's, 24h for contract); a pending charge attempt older than that is never sent again, only looked up"`
+	IdempotencyWindow time.Duration `env:"PAYMENT_IDEMPOTENCY_WINDOW" envDefault:"0" help:"how long the provider keeps an idempotency key (0: the provider's, 24h for contract and stripe); a pending charge attempt older than that is never sent again, only looked up"`
 	// ResolveAfter is how long a payment the provider holds without a
 	// verdict (in_progress) waits for the provider's notification before
 	// billing asks the provider about it; later lookups of the same
@@ -109,12 +116,13 @@ type PaymentLimits struct {
 	RecoverAfter time.Duration `env:"PAYMENT_RECOVER_AFTER" envDefault:"0" help:"how long a charge attempt may stay pending with nobody working on it before maintenance completes it; 0: the longer of 1m and 2 × PAYMENT_TIMEOUT"`
 }
 
-// OptionalPayment is maintain's provider: with PAYMENT_BASE_URL set it completes the charge attempts left pending
+// OptionalPayment is maintain's provider: with PAYMENT_BASE_URL set (for
+// stripe, PAYMENT_API_KEY) it completes the charge attempts left pending
 // and looks up those whose outcome is unknown, without it only reports
 // them.
 type OptionalPayment struct {
-	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract"`
-	BaseURL  string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; when set, maintain completes the charge attempts left pending and looks up those whose outcome is unknown, else it only reports them"`
+	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract or stripe"`
+	BaseURL  string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; when set (stripe: when PAYMENT_API_KEY is set), maintain completes the charge attempts left pending and looks up those whose outcome is unknown, else it only reports them"`
 	PaymentLimits
 }
 
@@ -122,7 +130,7 @@ type OptionalPayment struct {
 type Webhooks struct {
 	// Secrets verify the notifications' signatures: several during a
 	// rotation, any one of which may verify.
-	Secrets []string `env:"PAYMENT_WEBHOOK_SECRET" envSeparator:"," help:"the webhook signing secret(s), comma-separated, any one of which verifies (rotation): contract an HMAC-SHA256 key; without one the contract's webhook is off; never logged"`
+	Secrets []string `env:"PAYMENT_WEBHOOK_SECRET" envSeparator:"," help:"the webhook signing secret(s), comma-separated, any one of which verifies (rotation): stripe whsec_... (required), contract an HMAC-SHA256 key (without one the contract's webhook is off); never logged"`
 	// Addr is the provider-facing listener, apart from HTTP_ADDR, which
 	// stays internal.
 	Addr string `env:"WEBHOOK_ADDR" envDefault:":8090" help:"address of the provider-facing listener: POST /webhooks/<PAYMENT_PROVIDER>; expose it to the provider only (docs/deployment.md)"`
@@ -250,7 +258,7 @@ type Maintain struct {
 // PaymentMethods is the configuration of `billing payment-methods import`.
 type PaymentMethods struct {
 	Database Database
-	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider whose saved payment methods are imported (the contract charges by customer id and needs none)"`
+	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider whose saved payment methods are imported: stripe (the contract charges by customer id and needs none)"`
 	Log      Log
 }
 

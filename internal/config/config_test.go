@@ -251,6 +251,11 @@ func TestLoad_Values(t *testing.T) {
 				t.Errorf("MaxInFlight = %d, want 2×12 = 24", cfg.Consumer.MaxInFlight)
 			}
 		}},
+		{"OK_StripeDefaultsToStripesAPI", []string{"PAYMENT_PROVIDER=stripe", "PAYMENT_BASE_URL", "PAYMENT_WEBHOOK_SECRET=whsec_a,whsec_b"}, func(t *testing.T, cfg config.Serve) {
+			if cfg.Payment.BaseURL != "https://api.stripe.com" || cfg.Payment.IdempotencyWindow != 24*time.Hour || len(cfg.Webhooks.Secrets) != 2 {
+				t.Errorf("payment %+v, secrets %d; want Stripe's API, a 24h window and both secrets", cfg.Payment, len(cfg.Webhooks.Secrets))
+			}
+		}},
 		{"OK_MaxInFlightZeroMeansDefault", []string{"MAX_IN_FLIGHT=0", "PAYMENT_MAX_CONCURRENCY=5"}, func(t *testing.T, cfg config.Serve) {
 			if cfg.Consumer.MaxInFlight != 10 {
 				t.Errorf("MaxInFlight = %d, want 2×5 = 10", cfg.Consumer.MaxInFlight)
@@ -364,6 +369,7 @@ func TestLoad_Errors(t *testing.T) {
 		{"ErrPaymentWindowTooShort", []string{"PAYMENT_IDEMPOTENCY_WINDOW=10m"}, "PAYMENT_IDEMPOTENCY_WINDOW", ""},
 		{"ErrPaymentRecoverBeforeTheTimeout", []string{"PAYMENT_TIMEOUT=30s", "PAYMENT_RECOVER_AFTER=20s"}, "PAYMENT_RECOVER_AFTER", "PAYMENT_TIMEOUT"},
 		{"ErrPaymentProviderUnknown", []string{"PAYMENT_PROVIDER=paypal"}, "PAYMENT_PROVIDER", ""},
+		{"ErrStripeWithoutWebhookSecret", []string{"PAYMENT_PROVIDER=stripe"}, "PAYMENT_WEBHOOK_SECRET", "PAYMENT_PROVIDER"},
 		{"ErrPaymentResolveAfterZero", []string{"PAYMENT_RESOLVE_AFTER=0"}, "PAYMENT_RESOLVE_AFTER", ""},
 		{"ErrPaymentResolveAfterTooLong", []string{"PAYMENT_RESOLVE_AFTER=25h"}, "PAYMENT_RESOLVE_AFTER", ""},
 		{"ErrWebhookAddrNotHostPort", []string{"WEBHOOK_ADDR=8090"}, "WEBHOOK_ADDR", ""},
