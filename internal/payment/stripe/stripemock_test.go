@@ -128,14 +128,12 @@ func (rec *recorder) proxy(t *testing.T, base string) http.Handler {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := httputil.NewSingleHostReverseProxy(target)
-	// Without billing's Accept-Encoding the proxy's transport asks for
-	// gzip itself and hands ModifyResponse the answer decompressed.
-	direct := p.Director
-	p.Director = func(r *http.Request) {
-		direct(r)
-		r.Header.Del("Accept-Encoding")
-	}
+	p := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		// Without billing's Accept-Encoding the proxy's transport asks for
+		// gzip itself and hands ModifyResponse the answer decompressed.
+		r.Out.Header.Del("Accept-Encoding")
+	}}
 	p.ModifyResponse = func(resp *http.Response) error {
 		req := resp.Request
 		body, err := io.ReadAll(resp.Body)
