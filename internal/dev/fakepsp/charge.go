@@ -472,6 +472,9 @@ func (s *Server) chargesIn(win window) []Charge {
 // key's payment as it stands, or no data when the provider does not know
 // the key (never used, still in flight, or expired).
 func (s *Server) handleLookupCharge(w http.ResponseWriter, q url.Values) {
+	s.mu.Lock()
+	s.stats.Contract.Lookups++
+	s.mu.Unlock()
 	if len(q) != 1 || len(q["idempotency_key"]) != 1 || q.Get("idempotency_key") == "" {
 		writeError(w, http.StatusBadRequest, "invalid_request_error",
 			"idempotency_key takes one non-empty value and no other parameter")
@@ -479,7 +482,6 @@ func (s *Server) handleLookupCharge(w http.ResponseWriter, q url.Values) {
 	}
 	key := q.Get("idempotency_key")
 	s.mu.Lock()
-	s.stats.Contract.Lookups++
 	data := []Charge{}
 	if e, ok := s.keys[key]; ok && e.body != nil && time.Since(e.claimed) < s.opts.idempotencyTTL() {
 		data = append(data, s.contractPayments[e.payment].charge)
