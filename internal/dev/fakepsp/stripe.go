@@ -330,7 +330,7 @@ func parseIntentParams(w http.ResponseWriter, r *http.Request, key string) (inte
 	p := intentParams{metadata: map[string]string{}, canonical: form.Encode()}
 	for _, name := range slices.Sorted(maps.Keys(form)) {
 		if len(form[name]) > 1 {
-			return intentParams{}, invalidRequest(name, "parameter_invalid_string", "%s is given more than once.", name)
+			return intentParams{}, invalidRequest(name, "", "%s is given more than once.", name)
 		}
 		mkey, isMetadata := strings.CutPrefix(name, "metadata[")
 		switch {

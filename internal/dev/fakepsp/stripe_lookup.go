@@ -262,7 +262,7 @@ func checkQuery(q url.Values, allowed ...string) *stripeFailure {
 		case !slices.Contains(allowed, name):
 			return invalidRequest(name, "parameter_unknown", "Received unknown parameter: %s", name)
 		case len(values) > 1:
-			return invalidRequest(name, "parameter_invalid_string", "%s is given more than once.", name)
+			return invalidRequest(name, "", "%s is given more than once.", name)
 		}
 	}
 	return nil

@@ -310,3 +310,54 @@ func marshalJSON(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// GET /_faults never shows the webhook secret; a PUT of what it shows (as
+// the chaos suite changes one option) keeps the secret, and one that sets
+// it replaces it. Options that cannot be meant are refused.
+func TestFaults_WebhookSecretAndNewOptions(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, nil)
+	psp, ts := start(t, notifying(rc.URL))
+	r := call(t, ts, http.MethodGet, "/_faults", "")
+	wantStatus(t, r, http.StatusOK)
+	if bytes.Contains(r.body, []byte("webhookSecret")) || bytes.Contains(r.body, []byte(webhookSecret)) {
+		t.Fatalf("GET /_faults reveals the webhook secret: %s", r.body)
+	}
+	shown := decode[map[string]any](t, r.body)
+	shown["webhookRepeatRate"] = 0.0
+	wantStatus(t, call(t, ts, http.MethodPut, "/_faults", string(marshalJSON(t, shown))), http.StatusOK)
+	wantStatus(t, charge(t, ts, "key-1", chargeBody(1, 45, 1999, "EUR")), http.StatusAccepted)
+	wait.For(t, 10*time.Second, "the first webhook", func() bool { return len(rc.notices()) == 1 })
+	if !verifyContract(rc.notices()[0], time.Minute, webhookSecret) {
+		t.Error("the secret was not kept by a PUT without it")
+	}
+
+	shown["webhookSecret"] = "whsec_rotated"
+	wantStatus(t, call(t, ts, http.MethodPut, "/_faults", string(marshalJSON(t, shown))), http.StatusOK)
+	wantStatus(t, charge(t, ts, "key-2", chargeBody(2, 45, 1999, "EUR")), http.StatusAccepted)
+	wait.For(t, 10*time.Second, "the second webhook", func() bool { return len(rc.notices()) == 2 })
+	if !verifyContract(rc.notices()[1], time.Minute, "whsec_rotated") {
+		t.Error("the secret set by a PUT does not sign")
+	}
+
+	for _, body := range []string{
+		`{"profile":"adyen"}`,
+		`{"processingEvery":-1}`,
+		`{"processingDelay":-1}`,
+		`{"idempotencyTtl":-1}`,
+		`{"searchLag":-1}`,
+		`{"stored500Rate":1.5}`,
+		`{"stored500DropRate":-0.5}`,
+		`{"webhookRepeatRate":2}`,
+		`{"webhookForgeRate":2}`,
+		`{"webhookStaleRate":2}`,
+		`{"webhookDropRate":2}`,
+		`{"webhookDelayMin":2000,"webhookDelayMax":1000}`,
+		`{"webhookRetryMax":-1}`,
+	} {
+		r := call(t, ts, http.MethodPut, "/_faults", body)
+		wantStatus(t, r, http.StatusBadRequest)
+		wantErrorType(t, r, "invalid_request_error")
+	}
+	waitIdle(t, psp)
+}
