@@ -573,11 +573,14 @@ func (s *Server) createIntent(key, requestID string, p intentParams, a intentAdm
 	switch {
 	case b.declines != nil:
 		in.status = piRequiresPaymentMethod
-		e := *b.declines
-		e.Charge = in.latestCharge
-		in.lastError = &e
+		failure := *b.declines
+		failure.Charge = in.latestCharge
+		in.lastError = &failure
 		st.Declined++
+		// The answer's error embeds the PaymentIntent, whose
+		// last_payment_error is the same error without it.
 		pi := in.object()
+		e := failure
 		e.PaymentIntent = &pi
 		ans = stripeErrorAnswer(http.StatusPaymentRequired, "", e)
 	case b.processing:

@@ -209,8 +209,11 @@ func TestStripe_OutcomeByPaymentMethod(t *testing.T) {
 			if final.Status != tt.final {
 				t.Errorf("status after the verdict = %s, want %s", final.Status, tt.final)
 			}
-			if tt.final == "requires_payment_method" && (final.LastPaymentError == nil || final.LastPaymentError.Code != tt.code) {
-				t.Errorf("last_payment_error = %+v, want code %s", final.LastPaymentError, tt.code)
+			if tt.final == "requires_payment_method" && (final.LastPaymentError == nil || final.LastPaymentError.Code != tt.code ||
+				final.LastPaymentError.DeclineCode != tt.declineCode || final.LastPaymentError.PaymentIntent != nil ||
+				final.LastPaymentError.Type != "card_error" || final.LastPaymentError.ChargeID != final.LatestCharge.ID) {
+				t.Errorf("last_payment_error = %+v, want a card_error with code %s, decline_code %q and the charge, without a PaymentIntent",
+					final.LastPaymentError, tt.code, tt.declineCode)
 			}
 			payments := psp.Payments()
 			status := map[stripe.PaymentIntentStatus]string{"succeeded": "succeeded", "processing": "processing", "requires_payment_method": "declined"}[tt.final]
