@@ -881,3 +881,38 @@ func TestStripe_StatsRoute(t *testing.T) {
 		}
 	}
 }
+
+// The Stripe faults and the webhook faults are drawn from Seed: two
+// servers with the same options answer the same sequence of requests the
+// same way and drop the same events.
+func TestStripe_SeedReplaysFaults(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, nil)
+	opts := fakepsp.Options{FailRate: 0.2, Stored500Rate: 0.3, WebhookDropRate: 0.5, Seed: 42,
+		WebhookURL: rc.URL, WebhookSecret: webhookSecret}
+	type outcome struct {
+		status  int
+		dropped int64
+	}
+	outcomes := func(t *testing.T) []outcome {
+		t.Helper()
+		psp, ts := startStripe(t, opts)
+		var out []outcome
+		for i := range 64 {
+			r := postIntent(t, ts, fmt.Sprint("evt-", i), intentForm(int64(i+1), "pm_card_visa").Encode())
+			out = append(out, outcome{r.status, psp.Stats().Stripe.Webhooks.Dropped})
+		}
+		return out
+	}
+	first, second := outcomes(t), outcomes(t)
+	if !slices.Equal(first, second) {
+		t.Errorf("same seed, different faults:\n %v\n %v", first, second)
+	}
+	statuses := map[int]bool{}
+	for _, o := range first {
+		statuses[o.status] = true
+	}
+	if !statuses[200] || !statuses[500] || !statuses[503] || first[len(first)-1].dropped == 0 {
+		t.Errorf("outcomes %v: want 200s, stored 500s, 503s and dropped events", first)
+	}
+}
