@@ -63,7 +63,7 @@
 //  7. injected failure (FailRate, FailOrders by metadata[order_id]): 503,
 //     Stripe-Should-Retry: true, nothing stored;
 //  8. Idempotency-Key already used with other parameters: 400
-//     idempotency_error;
+//     idempotency_error, even while in flight;
 //  9. key in flight: 409 idempotency_key_in_use, Stripe-Should-Retry: true;
 //  10. key with a stored answer, younger than IdempotencyTTL (default 24h):
 //     the stored answer byte for byte, whatever its status (200, 402, 500),
@@ -113,9 +113,18 @@
 // (WebhookStaleRate). Stats counts what the endpoint answered to each. The
 // goroutines that wait and send stop when [Server.Close] is called.
 //
-// Every request, whatever its outcome, is answered only after Latency. The
-// request that claims a key creates its outcome even if its client has gone
-// away meanwhile, as a real provider would.
+// The contract's notification is the JSON object
+// {"id":"ch_...","idempotencyKey":"<key>","status":"succeeded"|"declined"}
+// (with "declineCode" for a decline) and header Signature; Stripe's is an
+// Event, {"id":"evt_...","object":"event","type":"payment_intent.succeeded"
+// (or .payment_failed, .processing),"data":{"object":<PaymentIntent>},...},
+// with header Stripe-Signature. Both signatures read
+// t=<unix>,v1=<hex HMAC-SHA256 of "<unix>.<body>">, one v1 per secret.
+//
+// Every charge request (both profiles), whatever its outcome, is answered
+// only after Latency; lookups are answered at once. The request that claims
+// a key creates its outcome even if its client has gone away meanwhile, as
+// a real provider would.
 package fakepsp
 
 import (
