@@ -916,3 +916,50 @@ func TestStripe_SeedReplaysFaults(t *testing.T) {
 		t.Errorf("outcomes %v: want 200s, stored 500s, 503s and dropped events", first)
 	}
 }
+
+// Forged events fail stripe-go's verification (half of them claim a
+// failure for a PaymentIntent that succeeded); stale ones fail it for
+// their age only.
+func TestStripe_ForgedAndStaleEvents(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	rc := newReceiver(t, nil)
+	psp, ts := startStripe(t, fakepsp.Options{WebhookForgeRate: 1, WebhookStaleRate: 1, Seed: 3,
+		WebhookURL: rc.URL, WebhookSecret: webhookSecret})
+	for i := range n {
+		wantStatus(t, postIntent(t, ts, fmt.Sprint("evt-", i), intentForm(int64(i+1), "pm_card_visa").Encode()), http.StatusOK)
+	}
+	waitIdle(t, psp)
+	var genuine, stale, forged, flipped int
+	for _, got := range rc.notices() {
+		payload, header := got.body, got.header.Get("Stripe-Signature")
+		_, err := webhook.ConstructEvent(payload, header, webhookSecret)
+		switch {
+		case err == nil:
+			genuine++
+		case errors.Is(err, webhook.ErrTooOld):
+			if _, err := webhook.ConstructEventIgnoringTolerance(payload, header, webhookSecret); err != nil {
+				t.Errorf("stale event does not verify without tolerance: %v", err)
+			}
+			stale++
+		case errors.Is(err, webhook.ErrNoValidSignature):
+			forged++
+			var ev stripe.Event
+			if err := json.Unmarshal(payload, &ev); err != nil {
+				t.Fatalf("forged event %s: %v", payload, err)
+			}
+			if ev.Type == "payment_intent.payment_failed" {
+				flipped++
+			}
+		default:
+			t.Errorf("event fails to verify with %v", err)
+		}
+	}
+	if genuine != n || stale != n || forged != n || flipped == 0 || flipped == n {
+		t.Errorf("%d genuine, %d stale, %d forged (%d claiming a failure), want %d each and some failures", genuine, stale, forged, flipped, n)
+	}
+	want := fakepsp.WebhookStats{Events: n, Sent: n, Delivered: n, Forged: n, ForgedAccepted: n, Stale: n, StaleAccepted: n}
+	if got := psp.Stats().Stripe.Webhooks; got != want {
+		t.Errorf("webhook stats = %+v, want %+v", got, want)
+	}
+}
