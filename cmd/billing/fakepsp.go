@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"example.com/billing/internal/config"
@@ -14,41 +16,80 @@ import (
 )
 
 const fakepspHelp = `
-Serves a fake payment provider for local runs: POST /v1/charges with
-Stripe-like idempotency (Idempotency-Key), and faults to inject. Point
-billing at it with PAYMENT_BASE_URL=http://<addr>.
+Serves a fake payment provider for local runs, with Stripe-like idempotency
+(Idempotency-Key) and faults to inject. Point billing at it with
+PAYMENT_BASE_URL=http://<addr>, and at the provider it speaks
+(--profile):
 
-Besides the charge call it serves, for tests and for looking around:
-  GET /v1/charges   every charge created
-  GET /_stats       what it did (requests, charges, declines, replays, ...)
-  POST /_down, /_up switch it off and on; GET/PUT /_faults change the faults
+  contract  billing's own contract: POST /v1/charges (JSON); with
+            --processing-every, some answers are 202 "processing" and the
+            verdict comes later, by webhook and by
+            GET /v1/charges?idempotency_key=<key>
+  stripe    Stripe's PaymentIntents: POST /v1/payment_intents
+            (form-encoded, confirm=true, off_session=true), outcomes
+            chosen by payment method (pm_card_visa succeeds,
+            pm_card_chargeDeclined declines, pm_fakeDebit_success is
+            processing then succeeds, ...), stored 500s, and the lookups
+            GET /v1/payment_intents/{id}, /v1/payment_intents (list) and
+            /v1/payment_intents/search (metadata, lagging --search-lag)
 
-The API key is read from the environment (never a flag, as flags show in
-ps).
+With --webhook-url, outcomes are also posted there, signed with
+PAYMENT_WEBHOOK_SECRET (Stripe-Signature, or the contract's Signature),
+and retried until answered 2xx; the --webhook-* rates inject faults.
+The package documentation of internal/dev/fakepsp tells every rule.
+
+Besides the provider's routes it serves, for tests and for looking around:
+  GET /_payments    every payment, either profile, as it stands
+  GET /_stats       what it did (requests, charges, declines, replays,
+                    webhooks, lookups, pendingWebhooks, ...)
+  GET /v1/charges   every succeeded charge of the contract profile
+  POST /_down, /_up switch it off and on; GET/PUT /_faults change the
+                    options (the secrets are never shown)
+
+The API key and the webhook secret are read from the environment (never
+flags, as flags show in ps).
 
 Runs until SIGINT or SIGTERM.`
 
 // fakepspConfig is what fakepsp reads from the environment.
 type fakepspConfig struct {
-	APIKey string `env:"PAYMENT_API_KEY" help:"when set, POST /v1/charges requires Authorization: Bearer <key>, as billing sends it"`
+	APIKey        string `env:"PAYMENT_API_KEY" help:"when set, POST /v1/charges (contract) and every /v1 route (stripe) require Authorization: Bearer <key>, as billing sends it"`
+	WebhookSecret string `env:"PAYMENT_WEBHOOK_SECRET" help:"signs the webhooks (HMAC-SHA256); comma-separated, each secret adds a v1 signature, as while one is rolled; required with --webhook-url"`
 }
 
-// Validate accepts any key.
+// Validate accepts any key and any secret.
 func (c *fakepspConfig) Validate() error { return nil }
 
 // fakepspCmd serves the fake payment provider until ctx is done.
 func fakepspCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
 	var cfg fakepspConfig
 	fs := newFlagSet("fakepsp", about{synopsis: "[flags]", description: fakepspHelp, env: &cfg,
-		example: "billing fakepsp --decline-every 20 --latency 50ms --fail-rate 0.1"})
+		example: "billing fakepsp --decline-every 20 --latency 50ms --fail-rate 0.1\n" +
+			"  PAYMENT_WEBHOOK_SECRET=whsec_dev billing fakepsp --profile stripe --webhook-url http://127.0.0.1:8090/webhooks/stripe --stored-500-rate 0.05"})
 	addr := fs.String("addr", "127.0.0.1:8081", "address to listen on")
 	var opts fakepsp.Options
+	fs.StringVar(&opts.Profile, "profile", fakepsp.ProfileContract, "the provider's API: contract or stripe")
 	fs.DurationVar(&opts.Latency, "latency", 0, "added to every charge request before it is answered")
 	fs.Float64Var(&opts.FailRate, "fail-rate", 0, "probability of answering 503 without doing anything, in [0, 1]")
 	fs.Float64Var(&opts.ResetRate, "reset-rate", 0, "probability of charging and then resetting the connection without answering, in [0, 1]")
-	fs.Int64Var(&opts.DeclineEvery, "decline-every", 0, "decline (402) orders whose id is a multiple of this; 0 never declines")
-	fs.IntVar(&opts.RateLimit, "rate-limit", 0, "answer 429 (Retry-After: 1) beyond this many requests a second; 0 is unlimited")
+	fs.Int64Var(&opts.DeclineEvery, "decline-every", 0, "contract: decline (402) orders whose id is a multiple of this; 0 never declines (stripe declines by payment method)")
+	fs.IntVar(&opts.RateLimit, "rate-limit", 0, "answer 429 beyond this many requests a second (contract: with Retry-After: 1; stripe: without); 0 is unlimited")
 	fs.Int64Var(&opts.Seed, "seed", 1, "seed of the fault randomness, so that runs replay")
+	fs.Int64Var(&opts.ProcessingEvery, "processing-every", 0, "contract: answer 202 processing to orders whose id is a multiple of this, decided later; 0 never")
+	fs.DurationVar(&opts.ProcessingDelay, "processing-delay", 2*time.Second, "how long a processing payment (contract, stripe debit) waits for its verdict")
+	fs.DurationVar(&opts.IdempotencyTTL, "idempotency-ttl", fakepsp.DefaultIdempotencyTTL, "how long an answer is kept under its Idempotency-Key; a key used again later is new")
+	fs.StringVar(&opts.StripeVersion, "stripe-version", "", "stripe: the only Stripe-Version accepted (400 otherwise) and the events' api_version; empty accepts any")
+	fs.Float64Var(&opts.Stored500Rate, "stored-500-rate", 0, "stripe: probability that a new key's answer is a stored 500 while its PaymentIntent is created anyway, in [0, 1]")
+	fs.Float64Var(&opts.Stored500DropRate, "stored-500-drop-rate", 0, "stripe: probability that an event of a PaymentIntent answered with a stored 500 is never sent, in [0, 1]")
+	fs.DurationVar(&opts.SearchLag, "search-lag", fakepsp.DefaultSearchLag, "stripe: how long after its creation a PaymentIntent appears in search results")
+	fs.StringVar(&opts.WebhookURL, "webhook-url", "", "where to post the webhooks (e.g. billing's http://127.0.0.1:8090/webhooks/stripe); none are sent when empty")
+	fs.DurationVar(&opts.WebhookDelayMin, "webhook-delay-min", 0, "least delay before a webhook is first sent")
+	fs.DurationVar(&opts.WebhookDelayMax, "webhook-delay-max", 0, "greatest delay before a webhook is first sent (drawn uniformly from the minimum)")
+	fs.DurationVar(&opts.WebhookRetryMax, "webhook-retry-max", fakepsp.DefaultWebhookRetryMax, "longest pause between two tries of a webhook not answered 2xx (from 100ms, doubling)")
+	fs.Float64Var(&opts.WebhookRepeatRate, "webhook-repeat-rate", 0, "probability that a delivered webhook is delivered once more, in [0, 1]")
+	fs.Float64Var(&opts.WebhookForgeRate, "webhook-forge-rate", 0, "probability that a forged copy (bad signature, half of them claiming the opposite outcome) is posted too, in [0, 1]")
+	fs.Float64Var(&opts.WebhookStaleRate, "webhook-stale-rate", 0, "probability that a copy signed ten minutes ago is posted too, in [0, 1]")
+	fs.Float64Var(&opts.WebhookDropRate, "webhook-drop-rate", 0, "probability that a webhook is never sent, in [0, 1]")
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
@@ -58,7 +99,10 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
-	opts.APIKey = cfg.APIKey
+	opts.APIKey, opts.WebhookSecret = cfg.APIKey, cfg.WebhookSecret
+	if err := checkWebhookURL(opts); err != nil {
+		return fmt.Errorf("fakepsp: %w", err)
+	}
 
 	psp, err := startFakePSP(*addr, opts)
 	if err != nil {
@@ -68,14 +112,36 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	if opts.APIKey != "" {
 		auth = "API key from PAYMENT_API_KEY required"
 	}
-	fmt.Fprintf(stdout, "fakepsp listening on %s (%s); stats at %s/_stats\n", psp.URL, auth, psp.URL)
+	webhooks := "no webhooks"
+	if opts.WebhookURL != "" {
+		webhooks = "webhooks to " + opts.WebhookURL
+	}
+	fmt.Fprintf(stdout, "fakepsp listening on %s (profile %s, %s, %s); stats at %s/_stats\n", psp.URL, opts.Profile, auth, webhooks, psp.URL)
 	select {
 	case <-ctx.Done():
 	case err := <-psp.failed:
+		_ = psp.Close()
 		return fmt.Errorf("fakepsp: serve: %w", err)
 	}
 	fmt.Fprintln(stderr, "fakepsp stopping")
 	return psp.Close()
+}
+
+// checkWebhookURL refuses a webhook URL that is not http(s), or one
+// without a secret to sign with: every receiver would refuse the
+// webhooks, and the fake would retry them for ever.
+func checkWebhookURL(opts fakepsp.Options) error {
+	if opts.WebhookURL == "" {
+		return nil
+	}
+	u, err := url.Parse(opts.WebhookURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("--webhook-url %q is not an http(s) URL", opts.WebhookURL)
+	}
+	if strings.TrimSpace(opts.WebhookSecret) == "" {
+		return errors.New("--webhook-url needs PAYMENT_WEBHOOK_SECRET to sign the webhooks")
+	}
+	return nil
 }
 
 // runningPSP is a fake provider served over HTTP.
@@ -105,11 +171,16 @@ func startFakePSP(addr string, opts fakepsp.Options) (*runningPSP, error) {
 	return p, nil
 }
 
-// Close stops serving, waiting a little for requests in flight.
+// Close stops serving, waiting a little for requests in flight, then stops
+// the provider's own work (verdicts to come, webhooks to send).
 func (p *runningPSP) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := p.srv.Shutdown(ctx); err != nil {
+	err := p.srv.Shutdown(ctx)
+	// Closed even when the shutdown timed out, so that no webhook is sent
+	// after the command returns.
+	_ = p.Server.Close()
+	if err != nil {
 		return fmt.Errorf("fakepsp: shutdown: %w", err)
 	}
 	return nil

@@ -2,12 +2,17 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stripe/stripe-go/v85/webhook"
 
 	"example.com/billing/internal/dev/fakepsp"
 )
@@ -28,6 +33,26 @@ func postCharge(t *testing.T, base, apiKey string, orderID int, key string) int 
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// postIntent creates a Stripe PaymentIntent paid by pm and returns the
+// status, 0 when the connection failed.
+func postIntent(t *testing.T, base, pm, key string) int {
+	t.Helper()
+	form := url.Values{"amount": {"1999"}, "currency": {"eur"}, "customer": {"cus_7"}, "payment_method": {pm},
+		"confirm": {"true"}, "off_session": {"true"}, "metadata[event_id]": {key}, "metadata[order_id]": {"1"}}
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/payment_intents", strings.NewReader(form.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Idempotency-Key", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0
@@ -98,6 +123,36 @@ func TestFakepsp_ServesWithTheFaultsOfItsFlags(t *testing.T) {
 				t.Errorf("with the key: %d, want 200", got)
 			}
 		}},
+		{"ProcessingEveryAnswers202", []string{"--processing-every", "2", "--processing-delay", "10ms"}, nil, func(t *testing.T, base string) {
+			if got := postCharge(t, base, "", 4, "k-4"); got != http.StatusAccepted {
+				t.Errorf("order 4 with --processing-every 2: %d, want 202", got)
+			}
+			if got := postCharge(t, base, "", 5, "k-5"); got != http.StatusOK {
+				t.Errorf("order 5 with --processing-every 2: %d, want 200", got)
+			}
+		}},
+		{"StripeProfile", []string{"--profile", "stripe"}, nil, func(t *testing.T, base string) {
+			if got := postIntent(t, base, "pm_card_visa", "k-1"); got != http.StatusOK {
+				t.Errorf("pm_card_visa: %d, want 200", got)
+			}
+			if got := postIntent(t, base, "pm_card_chargeDeclined", "k-2"); got != http.StatusPaymentRequired {
+				t.Errorf("pm_card_chargeDeclined: %d, want 402", got)
+			}
+			if got := postCharge(t, base, "", 1, "k-3"); got != http.StatusNotFound {
+				t.Errorf("POST /v1/charges in the stripe profile: %d, want 404", got)
+			}
+			if st := pspStats(t, base); st.Stripe.Succeeded != 1 || st.Stripe.Declined != 1 {
+				t.Errorf("stripe stats %+v: want one succeeded, one declined", st.Stripe)
+			}
+		}},
+		{"Stored500Rate1", []string{"--profile", "stripe", "--stored-500-rate", "1"}, nil, func(t *testing.T, base string) {
+			if got := postIntent(t, base, "pm_card_visa", "k-1"); got != http.StatusInternalServerError {
+				t.Errorf("--stored-500-rate 1: %d, want 500", got)
+			}
+			if st := pspStats(t, base); st.Stripe.Stored500s != 1 || st.Stripe.Succeeded != 1 {
+				t.Errorf("stripe stats %+v: want a stored 500 whose PaymentIntent succeeded", st.Stripe)
+			}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -120,9 +175,18 @@ func TestFakepsp_RejectsBadFlags(t *testing.T) {
 		{"--reset-rate", "-0.5"},
 		{"--latency", "-1s"},
 		{"--decline-every", "-3"},
-		{"--api-key", "sk"}, // never a flag: it would show in ps
+		{"--api-key", "sk"},        // never a flag: it would show in ps
+		{"--webhook-secret", "wh"}, // likewise
 		{"--addr", "not an address"},
 		{"positional"},
+		{"--profile", "adyen"},
+		{"--processing-every", "-1"},
+		{"--stored-500-rate", "2"},
+		{"--webhook-forge-rate", "-1"},
+		{"--webhook-delay-min", "2s", "--webhook-delay-max", "1s"},
+		{"--search-lag", "-1s"},
+		{"--webhook-url", "ftp://127.0.0.1:1/hooks"},
+		{"--webhook-url", "http://127.0.0.1:1/hooks"}, // no PAYMENT_WEBHOOK_SECRET to sign with
 	} {
 		err := run(t.Context(), append([]string{"billing", "fakepsp"}, args...), nil, nil, &syncBuffer{}, &syncBuffer{})
 		if err == nil {
@@ -133,9 +197,44 @@ func TestFakepsp_RejectsBadFlags(t *testing.T) {
 	if err := run(t.Context(), []string{"billing", "fakepsp", "-h"}, nil, nil, &help, &help); err != nil {
 		t.Fatalf("fakepsp -h: %v", err)
 	}
-	for _, want := range []string{"PAYMENT_API_KEY", "-latency", "-fail-rate", "-reset-rate", "-decline-every", "-seed", "-addr"} {
+	for _, want := range []string{"PAYMENT_API_KEY", "PAYMENT_WEBHOOK_SECRET", "-latency", "-fail-rate", "-reset-rate", "-decline-every", "-seed", "-addr",
+		"-profile", "-processing-every", "-processing-delay", "-idempotency-ttl", "-stripe-version", "-stored-500-rate",
+		"-stored-500-drop-rate", "-search-lag", "-webhook-url", "-webhook-delay-min", "-webhook-delay-max", "-webhook-retry-max",
+		"-webhook-repeat-rate", "-webhook-forge-rate", "-webhook-stale-rate", "-webhook-drop-rate"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("help lacks %q", want)
 		}
+	}
+}
+
+// With --webhook-url, verdicts are posted there signed with the secret
+// from the environment, and the command stops sending when it stops.
+func TestFakepsp_SendsSignedWebhooks(t *testing.T) {
+	const secret = "whsec_cmd_test"
+	type notice struct{ body, signature string }
+	got := make(chan notice, 10)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		got <- notice{string(body), r.Header.Get("Stripe-Signature")}
+	}))
+	defer receiver.Close()
+
+	c := startCommand(t, map[string]string{"PAYMENT_WEBHOOK_SECRET": secret},
+		"fakepsp", "--addr", "127.0.0.1:0", "--profile", "stripe", "--webhook-url", receiver.URL)
+	base := c.waitOutput(t, pspURLLine, 10*time.Second)
+	if got := postIntent(t, base, "pm_card_visa", "k-1"); got != http.StatusOK {
+		t.Fatalf("pm_card_visa: %d, want 200", got)
+	}
+	select {
+	case n := <-got:
+		ev, err := webhook.ConstructEvent([]byte(n.body), n.signature, secret)
+		if err != nil || ev.Type != "payment_intent.succeeded" {
+			t.Errorf("event %s (%v): want a payment_intent.succeeded that verifies", ev.Type, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no webhook within 10s")
+	}
+	if err := c.stop(t); err != nil {
+		t.Fatalf("fakepsp exited with %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package fakepsp
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -54,13 +56,54 @@ func isCurrencyCode(s string) bool {
 }
 
 // entry is what the server remembers about a key: the request that claimed
-// it and, once created, the answer to replay. body is nil while the request
-// is in flight.
+// it and when, and, once created, the answer to replay and the payment.
+// body is nil while the request is in flight.
 type entry struct {
-	req    chargeRequest
-	status int
-	body   []byte
+	req     chargeRequest
+	claimed time.Time
+	status  int
+	body    []byte
+	payment int // index in Server.contractPayments, once created
 }
+
+// contractPayment is a payment of the contract profile, any status.
+type contractPayment struct {
+	charge     Charge
+	answer     int
+	answerLost bool
+	decided    time.Time
+}
+
+func (p contractPayment) payment() Payment {
+	c := p.charge
+	return Payment{
+		Profile:        ProfileContract,
+		ID:             c.ID,
+		IdempotencyKey: c.IdempotencyKey,
+		EventID:        c.IdempotencyKey,
+		OrderID:        c.OrderID,
+		Customer:       strconv.FormatInt(c.CustomerID, 10),
+		Amount:         c.Amount,
+		Currency:       c.Currency,
+		Status:         c.Status,
+		ProviderStatus: c.Status,
+		DeclineCode:    c.DeclineCode,
+		Answer:         p.answer,
+		AnswerLost:     p.answerLost,
+		Created:        c.Created,
+		Decided:        p.decided,
+	}
+}
+
+// The statuses of a contract payment.
+const (
+	statusSucceeded  = "succeeded"
+	statusDeclined   = "declined"
+	statusProcessing = "processing"
+)
+
+// contractDeclineCode is the decline code of every contract decline.
+const contractDeclineCode = "generic_decline"
 
 // answer is a response to POST /v1/charges.
 type answer struct {
@@ -76,14 +119,22 @@ type admission struct {
 	// answer is the response unless create is set.
 	answer answer
 	// create is set when the request claimed its key: once latency has
-	// passed it must create a decline (decline set) or a charge, and then
-	// reset the connection instead of answering when reset is set.
-	create  bool
-	decline bool
-	reset   bool
+	// passed it must create a processing payment (processing set, whose
+	// verdict is a decline when decline is set), a decline (decline set) or
+	// a charge, and then reset the connection instead of answering when
+	// reset is set.
+	create     bool
+	processing bool
+	decline    bool
+	reset      bool
+	// verdictAfter is how long a processing payment waits for its verdict.
+	verdictAfter time.Duration
 }
 
 func (s *Server) handleCreateCharge(w http.ResponseWriter, r *http.Request) {
+	if !s.serves(ProfileContract, w, r) {
+		return
+	}
 	key := r.Header.Get("Idempotency-Key")
 	req, reqErr := parseChargeRequest(w, r, key)
 	a := s.admit(clientAddr(r), key, r.Header.Get("Authorization"), req, reqErr)
@@ -92,11 +143,8 @@ func (s *Server) handleCreateCharge(w http.ResponseWriter, r *http.Request) {
 	time.Sleep(a.latency)
 
 	ans := a.answer
-	switch {
-	case a.create && a.decline:
-		ans = s.createDecline(key, req)
-	case a.create:
-		ans = s.createCharge(key, req, a.reset)
+	if a.create {
+		ans = s.createContractPayment(key, req, a)
 		if a.reset {
 			resetConnection(w)
 			return
@@ -146,13 +194,17 @@ func (s *Server) admit(client, key, authorization string, req chargeRequest, req
 	defer s.mu.Unlock()
 	now := time.Now()
 	s.stats.Requests++
-	c := s.clients[client]
-	c.Requests++
-	c.Last = now.UTC()
-	s.clients[client] = c
+	s.countClientLocked(client, now)
 	recent := s.arrived(now)
 	a := admission{latency: s.opts.Latency}
-	switch e, seen := s.keys[key]; {
+	e, seen := s.keys[key]
+	if seen && e.body != nil && now.Sub(e.claimed) >= s.opts.idempotencyTTL() {
+		// The provider has forgotten the key: the request is new.
+		delete(s.keys, key)
+		s.stats.Contract.KeysExpired++
+		seen = false
+	}
+	switch {
 	case s.down:
 		s.stats.DownRejections++
 		a.answer = errorAnswer(http.StatusServiceUnavailable, "api_error", "the provider is down")
@@ -181,10 +233,14 @@ func (s *Server) admit(client, key, authorization string, req chargeRequest, req
 		s.stats.Replays++
 		a.answer = answer{status: e.status, body: e.body, replayed: true}
 	default:
-		s.keys[key] = entry{req: req}
+		s.keys[key] = entry{req: req, claimed: now}
 		a.create = true
+		a.processing = s.opts.ProcessingEvery > 0 && req.OrderID%s.opts.ProcessingEvery == 0
 		a.decline = s.opts.DeclineEvery > 0 && req.OrderID%s.opts.DeclineEvery == 0
-		a.reset = !a.decline && s.draw(s.opts.ResetRate)
+		// A decline is always answered; a charge, or a payment still
+		// processing, may lose its answer.
+		a.reset = (a.processing || !a.decline) && s.draw(s.opts.ResetRate)
+		a.verdictAfter = s.opts.ProcessingDelay
 	}
 	return a
 }
@@ -227,63 +283,109 @@ func (s *Server) draw(p float64) bool {
 	return s.rng.Float64() < p
 }
 
-func (s *Server) createDecline(key string, req chargeRequest) answer {
-	ans := answer{status: http.StatusPaymentRequired, body: marshal(errorBody{Error: errorDetail{
-		Type: "card_declined", Message: "Your card was declined.", DeclineCode: "generic_decline"}})}
+// createContractPayment creates the outcome of a request that claimed key,
+// stores its answer under the key and, for a processing payment, starts
+// waiting for its verdict.
+func (s *Server) createContractPayment(key string, req chargeRequest, a admission) answer {
+	id := newID("ch_")
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.stats.Declines++
-	s.storeLocked(key, req, ans)
-	return ans
-}
-
-func (s *Server) createCharge(key string, req chargeRequest, reset bool) answer {
-	id := newChargeID()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c := Charge{
-		ID:             id,
-		IdempotencyKey: key,
-		OrderID:        req.OrderID,
-		CustomerID:     req.CustomerID,
-		Amount:         req.Amount,
-		Currency:       req.Currency,
-		Status:         "succeeded",
-		// Taken under the lock so that Created follows creation order.
-		Created: time.Now().UTC(),
+	p := contractPayment{
+		charge: Charge{
+			ID:             id,
+			IdempotencyKey: key,
+			OrderID:        req.OrderID,
+			CustomerID:     req.CustomerID,
+			Amount:         req.Amount,
+			Currency:       req.Currency,
+			// Taken under the lock so that Created follows creation order.
+			Created: time.Now().UTC(),
+		},
+		answerLost: a.reset,
 	}
-	s.charges = append(s.charges, c)
-	s.stats.ChargesCreated++
-	s.chargesPerOrder[req.OrderID]++
-	if s.chargesPerOrder[req.OrderID] == 2 {
-		s.stats.OrdersChargedTwice++
+	var ans answer
+	switch {
+	case a.processing:
+		p.charge.Status = statusProcessing
+		s.stats.Contract.Processing++
+		ans = answer{status: http.StatusAccepted, body: marshal(p.charge)}
+	case a.decline:
+		p.charge.Status = statusDeclined
+		p.charge.DeclineCode = contractDeclineCode
+		s.stats.Declines++
+		ans = answer{status: http.StatusPaymentRequired, body: marshal(errorBody{Error: errorDetail{
+			Type: "card_declined", Message: "Your card was declined.", DeclineCode: contractDeclineCode}})}
+	default:
+		p.charge.Status = statusSucceeded
+		s.stats.ChargesCreated++
+		s.charges = append(s.charges, p.charge)
+		s.countSucceededLocked(strconv.FormatInt(req.OrderID, 10))
+		ans = answer{status: http.StatusOK, body: marshal(p.charge)}
 	}
-	if reset {
+	if a.reset {
 		s.stats.Resets++
 	}
-	ans := answer{status: http.StatusOK, body: marshal(c)}
-	s.storeLocked(key, req, ans)
+	p.answer = ans.status
+	s.contractPayments = append(s.contractPayments, p)
+	i := len(s.contractPayments) - 1
+	s.stats.DistinctKeys++
+	e := s.keys[key]
+	e.status, e.body, e.payment = ans.status, ans.body, i
+	s.keys[key] = e
+	if a.processing {
+		s.goLocked(func(ctx context.Context) {
+			if sleep(ctx, a.verdictAfter) {
+				s.decideContractPayment(i, a.decline)
+			}
+		})
+	}
 	return ans
 }
 
-// storeLocked stores the outcome of a claimed key, ending its flight.
-// s.mu must be held.
-func (s *Server) storeLocked(key string, req chargeRequest, ans answer) {
-	s.stats.DistinctKeys++
-	s.keys[key] = entry{req: req, status: ans.status, body: ans.body}
+// decideContractPayment gives the processing payment i its verdict and
+// notifies the webhook endpoint.
+func (s *Server) decideContractPayment(i int, decline bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := &s.contractPayments[i]
+	p.decided = time.Now().UTC()
+	if decline {
+		p.charge.Status = statusDeclined
+		p.charge.DeclineCode = contractDeclineCode
+		s.stats.Contract.ProcessingDeclined++
+	} else {
+		p.charge.Status = statusSucceeded
+		s.stats.Contract.ProcessingSucceeded++
+		s.insertChargeLocked(p.charge)
+		s.countSucceededLocked(strconv.FormatInt(p.charge.OrderID, 10))
+	}
+	s.notifyLocked(contractNotification(p.charge), s.opts.WebhookDropRate)
+}
+
+// insertChargeLocked adds c to the succeeded charges at the place of its
+// creation time. s.mu must be held.
+func (s *Server) insertChargeLocked(c Charge) {
+	i, _ := slices.BinarySearchFunc(s.charges, c.Created, func(x Charge, t time.Time) int {
+		// Equal times go after the charges already there.
+		if x.Created.After(t) {
+			return 1
+		}
+		return -1
+	})
+	s.charges = slices.Insert(s.charges, i, c)
 }
 
 func errorAnswer(status int, errType, message string) answer {
 	return answer{status: status, body: errorJSON(errType, message)}
 }
 
-// newChargeID returns "ch_" and 24 random hex characters.
-func newChargeID() string {
+// newID returns prefix and 24 random hex characters: "ch_...", "pi_...".
+func newID(prefix string) string {
 	var b [12]byte
 	// crypto/rand.Read never returns an error; it crashes the program if
 	// the operating system cannot provide randomness.
 	_, _ = rand.Read(b[:])
-	return "ch_" + hex.EncodeToString(b[:])
+	return prefix + hex.EncodeToString(b[:])
 }
 
 // resetConnection closes the connection without answering, as when a
@@ -316,7 +418,14 @@ func (w window) contains(t time.Time) bool {
 }
 
 func (s *Server) handleListCharges(w http.ResponseWriter, r *http.Request) {
+	if !s.serves(ProfileContract, w, r) {
+		return
+	}
 	q := r.URL.Query()
+	if q.Has("idempotency_key") {
+		s.handleLookupCharge(w, q)
+		return
+	}
 	var win window
 	var err error
 	if win.from, err = timeParam(q, "created_gte"); err == nil {
@@ -357,4 +466,28 @@ func (s *Server) chargesIn(win window) []Charge {
 		}
 	}
 	return out
+}
+
+// handleLookupCharge answers GET /v1/charges?idempotency_key=<key>: the
+// key's payment as it stands, or no data when the provider does not know
+// the key (never used, still in flight, or expired).
+func (s *Server) handleLookupCharge(w http.ResponseWriter, q url.Values) {
+	s.mu.Lock()
+	s.stats.Contract.Lookups++
+	s.mu.Unlock()
+	if len(q) != 1 || len(q["idempotency_key"]) != 1 || q.Get("idempotency_key") == "" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error",
+			"idempotency_key takes one non-empty value and no other parameter")
+		return
+	}
+	key := q.Get("idempotency_key")
+	s.mu.Lock()
+	data := []Charge{}
+	if e, ok := s.keys[key]; ok && e.body != nil && time.Since(e.claimed) < s.opts.idempotencyTTL() {
+		data = append(data, s.contractPayments[e.payment].charge)
+	}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, marshal(struct {
+		Data []Charge `json:"data"`
+	}{data}))
 }

@@ -33,9 +33,12 @@ type reply struct {
 	body   []byte
 }
 
+// start serves a fake provider with opts until the test ends, then closes
+// the HTTP server and the provider's goroutines, in that order.
 func start(t *testing.T, opts fakepsp.Options) (*fakepsp.Server, *httptest.Server) {
 	t.Helper()
 	psp := fakepsp.New(opts)
+	t.Cleanup(func() { _ = psp.Close() })
 	ts := httptest.NewServer(psp)
 	t.Cleanup(ts.Close)
 	return psp, ts
