@@ -458,3 +458,28 @@ func TestProcess_NoPaymentMethodIsParkedAndChargedAfterImportAndReplay(t *testin
 		t.Errorf("%d outcome events, want the failure and then the success", got)
 	}
 }
+
+// A notification whose outcome could not be committed is not acknowledged
+// (Notify fails), nothing of it is recorded, and its redelivery settles it
+// once.
+func TestNotify_NotCommittedThenRedeliveredSettlesOnce(t *testing.T) {
+	f := newProviderFixture(t, "")
+	ev, value := newEvent(t, 110, time.Now())
+	f.payer.answer(ev.ID.String(), processing("pi_110"))
+	process(t, f.proc, value)
+	note := notified(ev.ID.String(), payment.Succeeded, "pi_110")
+	gone, cancel := context.WithCancel(context.Background())
+	cancel() // the commit never happens: the process died, the database went away
+	if _, err := f.proc.Notify(gone, []payment.Notification{note}); err == nil {
+		t.Fatal("Notify reported success without committing")
+	}
+	if got := f.status(t, ev.ID); got != "in_progress" {
+		t.Fatalf("status %q after a failed Notify, want in_progress", got)
+	}
+	if done, err := f.proc.Notify(context.Background(), []payment.Notification{note}); err != nil || done.Settled != 1 {
+		t.Fatalf("the redelivery: %+v, %v; want settled", done, err)
+	}
+	if got := f.count(t, `SELECT count(*) FROM outbox WHERE causation_id = $1`, ev.ID); got != 1 || f.counted(metrics.OutcomeCharged) != 1 {
+		t.Errorf("%d outcome events, charged counted %v; want one of each", got, f.counted(metrics.OutcomeCharged))
+	}
+}
