@@ -83,7 +83,7 @@ func TestCompare(t *testing.T) {
 		},
 		{
 			name:    "in-progress attempt the provider charged meanwhile",
-			records: []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status, r.ProviderChargeID = charge.InProgress, "ch_" + key1 })},
+			records: []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status, r.ProviderChargeID = charge.InProgress, "ch_"+key1 })},
 			charges: []reconcile.Charge{chg(key1, mid)},
 			want:    reconcile.Summary{Records: 1, Charges: 1, InProgress: 1},
 		},
