@@ -25,28 +25,13 @@ import (
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-// route is how a test reaches its database: directly, or through PgBouncer
-// in transaction mode, where consecutive statements of one client run on
-// whichever server session is free.
-type route struct {
-	name string
-	via  func(t *testing.T, dsn string) string
-}
-
-var routes = []route{
-	{"direct", func(_ *testing.T, dsn string) string { return dsn }},
-	{"pgbouncer-transaction", func(t *testing.T, dsn string) string {
-		return pgbouncer.Require(t, dsn, pgbouncer.Options{Mode: pgbouncer.Transaction, PoolSize: 4}).URL(dsn)
-	}},
-}
-
 // forEachRoute runs test once per route, on a fresh migrated database.
 func forEachRoute(t *testing.T, test func(t *testing.T, db *sqlx.DB, dsn string)) {
-	for _, r := range routes {
-		t.Run(r.name, func(t *testing.T) {
+	for _, r := range pgbouncer.Routes() {
+		t.Run(r.Name, func(t *testing.T) {
 			t.Parallel()
 			_, direct := dbtest.New(t)
-			dsn := r.via(t, direct)
+			dsn := r.Via(t, direct)
 			test(t, dbtest.Open(t, dsn, 8), dsn)
 		})
 	}

@@ -399,3 +399,24 @@ func unprivileged() (*syscall.Credential, error) {
 	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
+
+// Route is how a test reaches its database.
+type Route struct {
+	Name string
+	// Via returns the URL to reach dsn's database this way.
+	Via func(t testing.TB, dsn string) string
+}
+
+// Routes are the ways billing reaches PostgreSQL that its mutual exclusion
+// must hold on: directly (or through a pooler in session mode, which keeps
+// a client on one server session), and through a pooler in transaction
+// mode, with fewer server sessions than the test opens connections, so
+// that consecutive statements of one client run on different ones.
+func Routes() []Route {
+	return []Route{
+		{Name: "direct", Via: func(_ testing.TB, dsn string) string { return dsn }},
+		{Name: "pgbouncer-transaction", Via: func(t testing.TB, dsn string) string {
+			return Require(t, dsn, Options{Mode: Transaction, PoolSize: 4}).URL(dsn)
+		}},
+	}
+}
