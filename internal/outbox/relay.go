@@ -51,6 +51,9 @@ type Relay struct {
 	metrics  *metrics.Metrics
 	log      *slog.Logger
 	lease    *lease.Lease
+	// sent is when the relay's last send to the broker ended: a tenure's
+	// publishing ends there (its stop line says when).
+	sent time.Time
 
 	// Poll is how long the relay waits when the outbox is empty.
 	Poll time.Duration
@@ -132,8 +135,12 @@ func (r *Relay) Run(ctx context.Context) {
 func (r *Relay) tenure(ctx context.Context, t lease.Tenure) error {
 	began := time.Now()
 	r.log.Info("relaying payment outcome events", "topic", r.topic, "lease_token", t.Token, "holder", t.Holder)
+	r.sent = time.Time{}
 	err := r.relay(ctx, t)
 	attrs := []any{"topic", r.topic, "lease_token", t.Token, "relayed_for", time.Since(began).Round(time.Millisecond)}
+	if !r.sent.IsZero() {
+		attrs = append(attrs, "last_send_ended", r.sent)
+	}
 	switch cause := context.Cause(ctx); {
 	case errors.Is(err, lease.ErrLost) || errors.Is(cause, lease.ErrLost):
 		r.log.Warn("stopped relaying payment outcome events: the relay's lease was lost; the replica that takes it over publishes what this one could not mark",
@@ -279,7 +286,9 @@ func (r *Relay) publish(ctx context.Context, t lease.Tenure, rows []row) (int, e
 	failedAt := map[int]error{}
 	if len(msgs) > 0 {
 		var perr sarama.ProducerErrors
-		if err := r.producer.SendMessages(msgs); errors.As(err, &perr) {
+		err := r.producer.SendMessages(msgs)
+		r.sent = time.Now()
+		if errors.As(err, &perr) {
 			for _, pe := range perr {
 				failedAt[pe.Msg.Metadata.(int)] = pe.Err
 			}
