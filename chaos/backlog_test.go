@@ -44,9 +44,8 @@ type maintainLoop struct {
 	kept, pruned     int
 	failures         []string
 	// ran lists every run that reported, when it ran and which tables it
-	// left to another maintainer; failedRuns when each failed run ran.
-	ran        []maintainRun
-	failedRuns [][2]time.Time
+	// left to another maintainer; failedRuns the runs that failed.
+	ran, failedRuns []maintainRun
 }
 
 // maintainRun is one billing maintain process.
@@ -101,7 +100,7 @@ func (l *maintainLoop) add(p *proc, out []byte) {
 	l.runs++
 	if p.exitErr != nil {
 		l.failures = append(l.failures, p.exitErr.Error())
-		l.failedRuns = append(l.failedRuns, [2]time.Time{p.started, p.exitedAt})
+		l.failedRuns = append(l.failedRuns, maintainRun{pid: p.pid(), began: p.started, end: p.exitedAt})
 		return
 	}
 	var rep struct {

@@ -48,9 +48,10 @@ type pooler struct {
 	mu sync.Mutex
 	// down are the pooler's outages, from the kill to the restart.
 	down [][2]time.Time
-	// The most clients, server sessions and PostgreSQL backends seen for
-	// the run's database, and clients waiting for a server session.
-	clients, servers, backends, waiting int
+	// The most clients, server sessions (in use by a client: active) and
+	// PostgreSQL backends seen for the run's database, and clients waiting
+	// for a server session.
+	clients, servers, active, backends, waiting int
 }
 
 func (p *pooler) URL(name string) string            { return p.bouncer.URL(p.direct.URL(name)) }
@@ -136,6 +137,7 @@ func (p *pooler) sample(r *run) {
 			if err == nil && pl.Database == r.dbName {
 				p.clients = max(p.clients, pl.ClientsActive+pl.ClientsWaiting)
 				p.servers = max(p.servers, pl.ServersActive+pl.ServersIdle+pl.ServersUsed)
+				p.active = max(p.active, pl.ServersActive)
 				p.waiting = max(p.waiting, pl.ClientsWaiting)
 			}
 		}
@@ -362,21 +364,34 @@ func checkPooler(r *run) {
 	logLeases(r, db)
 
 	runs, skipped, phantom, failed := 0, 0, 0, 0
+	var ran []maintainRun
 	for _, l := range p.loops {
 		l.mu.Lock()
 		runs += l.runs
 		failed += len(l.failures)
-		for _, run := range l.ran {
-			for _, h := range run.heldBy {
-				skipped++
-				if !r.alive(holderPid(h), run.began, run.end) {
-					phantom++
-					t.Errorf("a maintain run (pid %d, %s–%s) skipped for %s, which was not running", run.pid,
-						run.began.Format(time.StampMilli), run.end.Format(time.StampMilli), h)
-				}
+		ran = append(ran, l.ran...)
+		l.mu.Unlock()
+	}
+	// A holder that died holding a lease (its run failed while the pooler
+	// was down, and so did its giving the lease back) keeps the others
+	// away for the rest of the lease, never longer.
+	var stale int
+	var staleFor time.Duration
+	for _, run := range ran {
+		for _, h := range run.heldBy {
+			skipped++
+			gone, known := r.goneFor(holderPid(h), run.began, run.end)
+			switch {
+			case known && gone == 0:
+			case known && gone <= maintainerLease:
+				stale++
+				staleFor = max(staleFor, gone)
+			default:
+				phantom++
+				t.Errorf("a maintain run (pid %d, %s–%s) skipped for %s, which had not run for longer than a lease (%s)", run.pid,
+					run.began.Format(time.StampMilli), run.end.Format(time.StampMilli), h, maintainerLease)
 			}
 		}
-		l.mu.Unlock()
 	}
 	// A run that failed while the pooler was down is the outage's: billing
 	// maintain exits non-zero when the database does not answer.
@@ -405,15 +420,16 @@ func checkPooler(r *run) {
 	}
 
 	p.mu.Lock()
-	clients, servers, backends, waiting := p.clients, p.servers, p.backends, p.waiting
+	clients, servers, active, backends, waiting := p.clients, p.servers, p.active, p.backends, p.waiting
 	p.mu.Unlock()
 	r.figure("%s mode: %d relay tenures (tokens %v), overlapping tenures %s, publishing at once %s", p.mode, len(tenures), tokens,
 		tenureOverlap.Round(time.Millisecond), sendOverlap)
 	r.figure("after every process stopped: %d leases held, %d advisory locks", leases, locks)
-	r.figure("maintain: %d runs, %d done, %d tables skipped, each for a maintainer then running (%d for none), %d runs failed while the pooler was down", runs, runs-failed, skipped, phantom, failedDown)
+	r.figure("maintain: %d runs, %d done, %d failed while the pooler was down; %d tables skipped: %d for a maintainer running, %d for one that had died holding its lease %s before at most (within the lease's %s), %d for none",
+		runs, runs-failed, failedDown, skipped, skipped-stale-phantom, stale, staleFor.Round(100*time.Millisecond), maintainerLease, phantom)
 	r.figure("outcome topic: %d records, %d eventIds", len(outcomes), len(ids))
-	r.figure("up to %d client connections on up to %d server sessions (default_pool_size %d; PostgreSQL saw up to %d backends for the database; up to %d clients waited)",
-		clients, servers, p.size, backends, waiting)
+	r.figure("up to %d client connections on up to %d server sessions, up to %d of them in a client's transaction at once (default_pool_size %d; PostgreSQL saw up to %d backends for the database; up to %d clients waited), sampled every 0.5 s",
+		clients, servers, active, p.size, backends, waiting)
 }
 
 // failedWhileDown counts the maintain runs that failed while the pooler
@@ -423,7 +439,7 @@ func (p *pooler) failedWhileDown() int {
 	for _, l := range p.loops {
 		l.mu.Lock()
 		for _, f := range l.failedRuns {
-			if p.wasDown(f[0], f[1]) {
+			if p.wasDown(f.began, f.end) {
 				n++
 			}
 		}
@@ -432,32 +448,52 @@ func (p *pooler) failedWhileDown() int {
 	return n
 }
 
-// alive reports whether a process of the run (serve, maintain) with pid
-// ran at some moment of [from, to].
-func (r *run) alive(pid int, from, to time.Time) bool {
+// maintainerLease is how long a maintainer's lease lasts unless renewed
+// (daytable's).
+const maintainerLease = 15 * time.Second
+
+// goneFor says whether a process of the run (serve, maintain) with pid is
+// known, and how long before from it had exited: 0 when it ran at some
+// moment of [from, to].
+func (r *run) goneFor(pid int, from, to time.Time) (time.Duration, bool) {
+	type life struct{ began, end time.Time }
+	var lives []life
 	r.mu.Lock()
-	all := slices.Clone(r.all)
-	r.mu.Unlock()
-	for _, c := range all {
-		end := c.exitedAt
-		if !c.exited() {
-			end = time.Now()
+	for _, c := range r.all {
+		if c.pid() != pid {
+			continue
 		}
-		if c.pid() == pid && c.started.Before(to) && from.Before(end) {
-			return true
+		end := time.Now()
+		if c.exited() {
+			end = c.exitedAt
 		}
+		lives = append(lives, life{c.started, end})
 	}
+	r.mu.Unlock()
 	for _, l := range r.pooler.loops {
 		l.mu.Lock()
 		for _, m := range l.ran {
-			if m.pid == pid && m.began.Before(to) && from.Before(m.end) {
-				l.mu.Unlock()
-				return true
+			if m.pid == pid {
+				lives = append(lives, life{m.began, m.end})
+			}
+		}
+		for _, f := range l.failedRuns {
+			if f.pid == pid {
+				lives = append(lives, life{f.began, f.end})
 			}
 		}
 		l.mu.Unlock()
 	}
-	return false
+	gone, known := time.Duration(-1), false
+	for _, lf := range lives {
+		if lf.began.Before(to) && from.Before(lf.end) {
+			return 0, true
+		}
+		if lf.end.Before(from) && (!known || from.Sub(lf.end) < gone) {
+			gone, known = from.Sub(lf.end), true
+		}
+	}
+	return gone, known
 }
 
 // logLeases logs the leases' rows: the last holder and token of each.

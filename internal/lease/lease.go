@@ -145,7 +145,10 @@ func (t Tenure) Args() []any { return []any{string(t.Name), t.Holder, t.Token} }
 func (t Tenure) Left() time.Duration { return time.Until(t.deadline()) }
 
 // Do runs fn as the holder of the lease, and returns *HeldError at once,
-// without running fn, while another holder's lease has not expired.
+// without running fn, while another holder's lease has not expired. This
+// handle takes its own lease back at once, with a new token: its earlier
+// tenure has ended (Do returned), but a database that did not answer may
+// have kept it from giving the lease back.
 //
 // fn's context ends when the tenure does: ctx ended, or the lease was lost
 // (context.Cause is then ErrLost). The lease is renewed every ttl/3 while
@@ -158,7 +161,7 @@ func (l *Lease) Do(ctx context.Context, fn func(ctx context.Context, t Tenure) e
 INSERT INTO billing_lease AS l (name, holder, token, acquired_at, expires_at)
 VALUES ($1, $2, 1, now(), now() + $3::bigint * interval '1 millisecond')
 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = l.token + 1, acquired_at = now(), expires_at = excluded.expires_at
-WHERE l.expires_at <= now()
+WHERE l.expires_at <= now() OR l.holder = excluded.holder
 RETURNING token`, string(l.name), l.holder, l.ttl.Milliseconds())
 	if errors.Is(err, sql.ErrNoRows) {
 		return l.held(ctx)

@@ -74,6 +74,33 @@ func TestLease_OneHolderAtATime(t *testing.T) {
 		if err != nil {
 			t.Fatalf("second Do after the first gave the lease back: %v", err)
 		}
+		// A holder whose tenure ended without giving the lease back (the
+		// database did not answer) takes it back at once, with a new token.
+		third := lease.New(db, lease.OutboxRelay, 10*time.Second)
+		var tokens []int64
+		for range 2 {
+			err := third.Do(ctx, func(ctx context.Context, tn lease.Tenure) error {
+				tokens = append(tokens, tn.Token)
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("a holder taking back its own lease: %v", err)
+			}
+			// As if the database had not answered its giving back.
+			if _, err := db.ExecContext(ctx, `UPDATE billing_lease SET expires_at = now() + interval '1 hour' WHERE name = $1`, string(lease.OutboxRelay)); err != nil {
+				t.Fatal(err)
+			}
+			if err := second.Do(ctx, func(context.Context, lease.Tenure) error { return nil }); err == nil {
+				t.Error("another holder took a lease that has not expired")
+			}
+		}
+		if tokens[1] <= tokens[0] {
+			t.Errorf("tokens %v: a tenure taken back must have a new token", tokens)
+		}
+		if _, err := db.ExecContext(ctx, `UPDATE billing_lease SET expires_at = now() WHERE name = $1`, string(lease.OutboxRelay)); err != nil {
+			t.Fatal(err)
+		}
+
 		// Leases are independent of each other.
 		other := lease.New(db, lease.DedupRetention, 10*time.Second)
 		err = first.Do(ctx, func(ctx context.Context, _ lease.Tenure) error {

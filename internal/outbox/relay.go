@@ -91,9 +91,11 @@ func NewRelay(db *sqlx.DB, producer sarama.SyncProducer, topic string, m *metric
 // of the relay's lease), then publishes until it loses the lease or ctx
 // ends.
 func (r *Relay) Run(ctx context.Context) {
+	// A failure is the database's or the broker's: the relay asks again
+	// soon, so that it resumes within seconds of their return.
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval = 500 * time.Millisecond
-	retry.MaxInterval = 5 * time.Second
+	retry.MaxInterval = standbyPoll
 	var waitedFor string // the older replicas last logged
 	for ctx.Err() == nil {
 		wait := standbyPoll

@@ -2,8 +2,10 @@ package postgres
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -22,6 +24,9 @@ const (
 	// state (a session advisory lock, a SET, a named prepared statement)
 	// survives the statement or transaction that made it.
 	SharedSessions
+	// SharedStatements: a pooler in statement mode, which lends a server
+	// session for one statement and refuses transactions of several.
+	SharedStatements
 )
 
 func (s Sessions) String() string {
@@ -30,14 +35,20 @@ func (s Sessions) String() string {
 		return "own sessions (each connection keeps a server session of its own: direct, or a pooler in session mode)"
 	case SharedSessions:
 		return "shared sessions (connections share server sessions: a pooler in transaction mode)"
+	case SharedStatements:
+		return "shared sessions, statement by statement (a pooler in statement mode, which refuses transactions)"
 	}
 	return "unknown"
 }
 
-// Mode is the pool mode a Sessions means: "session" or "transaction".
+// Mode is the pool mode a Sessions means: "session", "transaction" or
+// "statement".
 func (s Sessions) Mode() string {
-	if s == SharedSessions {
+	switch s {
+	case SharedSessions:
 		return "transaction"
+	case SharedStatements:
+		return "statement"
 	}
 	return "session"
 }
@@ -77,10 +88,31 @@ func DetectSessions(ctx context.Context, db *sqlx.DB) (Sessions, error) {
 			firstA, firstB = pa, pb
 		}
 		if pa == pb || pa != firstA || pb != firstB {
-			return SharedSessions, nil
+			return sharedMode(ctx, a)
 		}
 	}
 	return OwnSessions, nil
+}
+
+// sharedMode tells a pooler in transaction mode from one in statement
+// mode, which refuses a transaction of more than one statement: PgBouncer
+// answers BEGIN with a FATAL error ("transaction blocks not allowed in
+// statement pooling mode") and closes the connection, which lib/pq reports
+// as a bad connection, its message dropped.
+func sharedMode(ctx context.Context, conn *sqlx.Conn) (Sessions, error) {
+	tx, err := conn.BeginTxx(ctx, nil)
+	if err == nil {
+		var one int
+		err = tx.GetContext(ctx, &one, `SELECT 1`)
+		_ = tx.Rollback()
+	}
+	switch {
+	case err == nil:
+		return SharedSessions, nil
+	case errors.Is(err, driver.ErrBadConn) || strings.Contains(err.Error(), "statement pooling mode"):
+		return SharedStatements, nil
+	}
+	return 0, fmt.Errorf("detect the pool mode: %w", err)
 }
 
 // ErrUnnamedStatements: lib/pq without binary_parameters sends each
@@ -97,6 +129,9 @@ var ErrUnnamedStatements = errors.New("DATABASE_URL sets binary_parameters=no, w
 // statements sent in one round trip), as long as dsn keeps
 // binary_parameters.
 func CheckSessions(sessions Sessions, dsn string) error {
+	if sessions == SharedStatements {
+		return fmt.Errorf("pool mode %s: billing claims and settles in transactions of several statements, which a pooler in statement mode refuses: use transaction (or session) mode", sessions.Mode())
+	}
 	if sessions == SharedSessions && !BinaryParameters(dsn) {
 		return fmt.Errorf("pool mode %s: %w", sessions.Mode(), ErrUnnamedStatements)
 	}

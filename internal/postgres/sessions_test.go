@@ -31,6 +31,9 @@ func TestDetectSessions(t *testing.T) {
 		{"OK_PgBouncerTransactionModeOneServerSession", func(t *testing.T) string {
 			return pgbouncer.Require(t, dsn, pgbouncer.Options{Mode: pgbouncer.Transaction, PoolSize: 1}).URL(dsn)
 		}, postgres.SharedSessions},
+		{"OK_PgBouncerStatementMode", func(t *testing.T) string {
+			return pgbouncer.Require(t, dsn, pgbouncer.Options{Mode: "statement"}).URL(dsn)
+		}, postgres.SharedStatements},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,6 +61,7 @@ func TestCheckSessions(t *testing.T) {
 		{"OK_SharedSessions", postgres.SharedSessions, url, false},
 		{"OK_SharedSessionsBinaryParametersSaid", postgres.SharedSessions, url + "&binary_parameters=yes", false},
 		{"ErrSharedSessionsWithoutBinaryParameters", postgres.SharedSessions, url + "&binary_parameters=no", true},
+		{"ErrStatementMode", postgres.SharedStatements, url, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,8 +70,11 @@ func TestCheckSessions(t *testing.T) {
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("CheckSessions = %v, want error: %v", err, tt.wantErr)
 			}
-			if err != nil && (!errors.Is(err, postgres.ErrUnnamedStatements) || !strings.Contains(err.Error(), "pool mode transaction")) {
-				t.Errorf("CheckSessions = %v, want ErrUnnamedStatements naming the pool mode", err)
+			if err != nil && !strings.Contains(err.Error(), "pool mode "+tt.sessions.Mode()) {
+				t.Errorf("CheckSessions = %v, want it to name the pool mode", err)
+			}
+			if err != nil && tt.sessions == postgres.SharedSessions && !errors.Is(err, postgres.ErrUnnamedStatements) {
+				t.Errorf("CheckSessions = %v, want ErrUnnamedStatements", err)
 			}
 		})
 	}
