@@ -54,7 +54,7 @@ type pooler struct {
 	clients, servers, active, backends, waiting int
 }
 
-func (p *pooler) URL(name string) string            { return p.bouncer.URL(p.direct.URL(name)) }
+func (p *pooler) URL(name string) string           { return p.bouncer.URL(p.direct.URL(name)) }
 func (p *pooler) createDatabase(name string) error { return p.direct.createDatabase(name) }
 
 // poolMode is the pool mode the scenario runs in: CHAOS_POOL_MODE, by
