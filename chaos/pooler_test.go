@@ -425,10 +425,10 @@ func checkPooler(r *run) {
 	r.figure("%s mode: %d relay tenures (tokens %v), overlapping tenures %s, publishing at once %s", p.mode, len(tenures), tokens,
 		tenureOverlap.Round(time.Millisecond), sendOverlap)
 	r.figure("after every process stopped: %d leases held, %d advisory locks", leases, locks)
-	r.figure("maintain: %d runs, %d done, %d failed while the pooler was down; %d tables skipped: %d for a maintainer running, %d for one that had died holding its lease %s before at most (within the lease's %s), %d for none",
+	r.figure("maintain: %d runs, %d done, %d failed while the pooler was down; %d tables skipped: %d for a maintainer running, %d for one that had died holding its lease (at most %s before, within the lease's %s), %d for none",
 		runs, runs-failed, failedDown, skipped, skipped-stale-phantom, stale, staleFor.Round(100*time.Millisecond), maintainerLease, phantom)
 	r.figure("outcome topic: %d records, %d eventIds", len(outcomes), len(ids))
-	r.figure("up to %d client connections on up to %d server sessions, up to %d of them in a client's transaction at once (default_pool_size %d; PostgreSQL saw up to %d backends for the database; up to %d clients waited), sampled every 0.5 s",
+	r.figure("up to %d client connections on up to %d server sessions, up to %d of them linked to a client at once (sv_active: in transaction mode, a client's transaction; default_pool_size %d; PostgreSQL saw up to %d backends for the database; up to %d clients waited for one), sampled every 0.5 s",
 		clients, servers, active, p.size, backends, waiting)
 }
 

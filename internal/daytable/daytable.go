@@ -195,11 +195,13 @@ func Exclusive(ctx context.Context, db *sqlx.DB, name lease.Name, fn func(ctx co
 const lockTimeout = 5 * time.Second
 
 // Fenced runs fn in a transaction of conn that commits only while t holds
-// its lease (the lease cannot pass to another maintainer before it has),
-// and in which a statement waits at most lockTimeout for a lock. The
-// timeout is SET LOCAL, the transaction's own: a session setting would stay
-// with the server session, which behind a transaction pooler is another
-// client's next.
+// its lease, and in which a statement waits at most lockTimeout for a
+// lock. The lease is checked after fn, right before the commit: from the
+// check on, it cannot pass to another maintainer before the commit, and
+// its row is not kept locked while fn waits for a table's lock (the
+// holder's renewals would wait behind it). The timeout is SET LOCAL, the
+// transaction's own: a session setting would stay with the server session,
+// which behind a transaction pooler is another client's next.
 func Fenced(ctx context.Context, conn *sqlx.Conn, t lease.Tenure, fn func(tx *sqlx.Tx) error) error {
 	tx, err := conn.BeginTxx(ctx, nil)
 	if err != nil {
@@ -209,10 +211,10 @@ func Fenced(ctx context.Context, conn *sqlx.Conn, t lease.Tenure, fn func(tx *sq
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, lockTimeout.Milliseconds())); err != nil {
 		return fmt.Errorf("set lock_timeout: %w", err)
 	}
-	if err := t.Check(ctx, tx); err != nil {
+	if err := fn(tx); err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
+	if err := t.Check(ctx, tx); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {

@@ -162,9 +162,6 @@ func (r *Retention) drop(ctx context.Context, t lease.Tenure, conn *sqlx.Conn, n
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, busyTimeout.Milliseconds())); err != nil {
 		return false, fmt.Errorf("drop %s: %w", name, err)
 	}
-	if err := t.Check(ctx, tx); err != nil { // the drop commits under the lease
-		return false, err
-	}
 	if _, err := tx.ExecContext(ctx, `ALTER TABLE `+pq.QuoteIdentifier(string(Table))+` DETACH PARTITION `+pq.QuoteIdentifier(name)); err != nil {
 		if postgres.SQLState(err) == "55P03" { // lock_timeout
 			r.log.Info("the outbox was busy; the expired day is dropped at a later run", "partition", name)
@@ -181,6 +178,9 @@ func (r *Retention) drop(ctx context.Context, t lease.Tenure, conn *sqlx.Conn, n
 	}
 	if _, err := tx.ExecContext(ctx, `DROP TABLE `+pq.QuoteIdentifier(name)); err != nil {
 		return false, fmt.Errorf("drop partition %s: %w", name, err)
+	}
+	if err := t.Check(ctx, tx); err != nil { // the drop commits under the lease
+		return false, err
 	}
 	return true, tx.Commit()
 }
