@@ -31,7 +31,7 @@ import (
 // no advisory lock left once every process stopped, maintain never skipped
 // for a holder that is not running, and how many server sessions the
 // clients shared. CHAOS_POOL_MODE=session runs the same through a pooler in
-// session mode.
+// session mode; CHAOS_POOL_SIZE sets default_pool_size.
 
 // pooler is the scenario's PgBouncer in front of the suite's cluster, and
 // the run's server: its URLs go through the pooler.
@@ -88,6 +88,9 @@ func preparePooler(r *run) error {
 	p := &pooler{direct: suite.pg, mode: poolMode(), size: transactionPoolSize, stopSampling: make(chan struct{}), sampled: make(chan struct{})}
 	if p.mode == pgbouncer.Session {
 		p.size = sessionPoolSize
+	}
+	if n, err := strconv.Atoi(os.Getenv("CHAOS_POOL_SIZE")); err == nil && n > 0 {
+		p.size = n
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -58,7 +58,8 @@ const cnpgDir = "deploy/cnpg"
 // PgBouncer, sets only parameters the operator accepts, and is sized for
 // the base: each instance takes every client of the replicas and of one
 // more during a rollout (the Service may send them all to one instance),
-// with room for billing maintain and billing reconcile.
+// with room for billing maintain and billing reconcile, and lends every
+// writer of every replica a server session at once.
 func TestCNPG_PoolerIsSizedForTheBase(t *testing.T) {
 	r := build(t, cnpgDir)
 	var poolers []*cnpgPooler
@@ -108,7 +109,12 @@ func TestCNPG_PoolerIsSizedForTheBase(t *testing.T) {
 	if params["max_client_conn"] < need {
 		t.Errorf("Pooler %s: max_client_conn %d, want at least (%d replicas + 1) x DATABASE_MAX_CONNS %d + 4 = %d", p.Name, params["max_client_conn"], replicas, conns, need)
 	}
-	if pool := params["default_pool_size"]; pool < 1 || pool > params["max_client_conn"] {
-		t.Errorf("Pooler %s: default_pool_size %d, want it set, and below max_client_conn (%d)", p.Name, pool, params["max_client_conn"])
+	// A server session for each writer of each replica (a quarter of its
+	// connections claim, as many settle), and two for its position saves
+	// and the relay: none of them waits in PgBouncer.
+	writers := replicas * (conns/2 + 2)
+	if pool := params["default_pool_size"]; pool < writers || pool > params["max_client_conn"] {
+		t.Errorf("Pooler %s: default_pool_size %d, want at least %d replicas x (DATABASE_MAX_CONNS %d / 2 + 2) = %d, and at most max_client_conn (%d)",
+			p.Name, pool, replicas, conns, writers, params["max_client_conn"])
 	}
 }
