@@ -88,7 +88,8 @@ type Lease struct {
 
 // New returns the handle of a new holder (this process, and a random part:
 // two handles of one process are two holders) on the lease name, taken for
-// ttl and renewed every ttl/3.
+// ttl and renewed every ttl/3. A handle is for one goroutine at a time (its
+// Do takes back its own lease).
 func New(db *sqlx.DB, name Name, ttl time.Duration) *Lease {
 	return &Lease{db: db, name: name, holder: newHolder(), ttl: ttl}
 }
