@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dev/embeddedkafka"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
@@ -260,7 +261,7 @@ func (w *world) published(n int) map[string][]string {
 	w.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		msgs := kafkatest.ReadAll(w.t, w.client, w.broker.OutcomeTopic)
+		msgs := w.read()
 		if len(msgs) >= n {
 			out := map[string][]string{}
 			for _, m := range msgs {
@@ -297,7 +298,7 @@ func (w *world) publishedAtLeast(n int) map[string][]string {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	msgs := kafkatest.ReadAll(w.t, w.client, w.broker.OutcomeTopic)
+	msgs := w.read()
 	if len(msgs) < n {
 		w.t.Fatalf("%d records published, want at least %d", len(msgs), n)
 	}
@@ -312,6 +313,27 @@ func (w *world) publishedAtLeast(n int) map[string][]string {
 		out[string(m.Key)] = append(out[string(m.Key)], v.EventID)
 	}
 	return out
+}
+
+// read returns the outcome topic's records. A topic just created may
+// answer that its leader moved (NOT_LEADER_OR_FOLLOWER while the broker's
+// metadata settles): it is read again, for up to 10 s.
+func (w *world) read() []*sarama.ConsumerMessage {
+	w.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		msgs, err := embeddedkafka.ReadTopic(ctx, w.client, w.broker.OutcomeTopic)
+		cancel()
+		if err == nil {
+			return msgs
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("read %s: %v", w.broker.OutcomeTopic, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		_ = w.client.RefreshMetadata(w.broker.OutcomeTopic)
+	}
 }
 
 func (w *world) unpublished() int {
