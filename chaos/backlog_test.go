@@ -43,14 +43,26 @@ type maintainLoop struct {
 	created, dropped int // partitions, both tables
 	kept, pruned     int
 	failures         []string
+	// ran lists every run that reported, when it ran and which tables it
+	// left to another maintainer; failedRuns the runs that failed.
+	ran, failedRuns []maintainRun
+}
+
+// maintainRun is one billing maintain process.
+type maintainRun struct {
+	pid        int
+	began, end time.Time
+	// heldBy are the maintainers (host/pid/random) whose lease made this
+	// run skip a table.
+	heldBy []string
 }
 
 // startMaintainLoop starts billing maintain over and over against the
-// run's database, with serve's retention settings.
-func (r *run) startMaintainLoop() *maintainLoop {
+// run's database, with the scenario's settings, logging to name.log.
+func (r *run) startMaintainLoop(name string) *maintainLoop {
 	l := &maintainLoop{stop: make(chan struct{}), done: make(chan struct{})}
 	env := map[string]string{"DATABASE_URL": r.dsn, "LOG_LEVEL": "info"}
-	for k, v := range backlogEnv {
+	for k, v := range r.sc.env {
 		env[k] = v
 	}
 	go func() {
@@ -62,13 +74,13 @@ func (r *run) startMaintainLoop() *maintainLoop {
 			default:
 			}
 			var out bytes.Buffer
-			p, err := startProc("maintain", filepath.Join(r.dir, "maintain.log"), env, &out, "maintain")
+			p, err := startProc(name, filepath.Join(r.dir, name+".log"), env, &out, "maintain")
 			if err != nil {
 				l.fail(err.Error())
 				return
 			}
 			<-p.done
-			l.add(p.exitErr, out.Bytes())
+			l.add(p, out.Bytes())
 			time.Sleep(200 * time.Millisecond)
 		}
 	}()
@@ -82,19 +94,24 @@ func (l *maintainLoop) fail(what string) {
 }
 
 // add counts one run: its exit and its report.
-func (l *maintainLoop) add(exitErr error, out []byte) {
+func (l *maintainLoop) add(p *proc, out []byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.runs++
-	if exitErr != nil {
-		l.failures = append(l.failures, exitErr.Error())
+	if p.exitErr != nil {
+		l.failures = append(l.failures, p.exitErr.Error())
+		l.failedRuns = append(l.failedRuns, maintainRun{pid: p.pid(), began: p.started, end: p.exitedAt})
 		return
 	}
 	var rep struct {
 		Created, Dropped []string
+		Skipped          bool
+		HeldBy           string
 		Outbox           struct {
 			Created, Dropped, Kept []string
 			Pruned                 int
+			Skipped                bool
+			HeldBy                 string
 		}
 	}
 	// The report is the last line of stdout (the logs go to stderr).
@@ -107,6 +124,14 @@ func (l *maintainLoop) add(exitErr error, out []byte) {
 	l.dropped += len(rep.Dropped) + len(rep.Outbox.Dropped)
 	l.kept += len(rep.Outbox.Kept)
 	l.pruned += rep.Outbox.Pruned
+	run := maintainRun{pid: p.pid(), began: p.started, end: p.exitedAt}
+	if rep.Skipped {
+		run.heldBy = append(run.heldBy, rep.HeldBy)
+	}
+	if rep.Outbox.Skipped {
+		run.heldBy = append(run.heldBy, rep.Outbox.HeldBy)
+	}
+	l.ran = append(l.ran, run)
 }
 
 // finish stops the loop once its current run is over.
@@ -150,7 +175,7 @@ func injectBacklog(r *run) {
 	// too, and drops the outbox's expired days.
 	time.Sleep(2 * time.Second)
 	r.fault("maintain", "billing maintain running over and over")
-	r.maintaining = r.startMaintainLoop()
+	r.maintaining = r.startMaintainLoop("maintain")
 	rng := r.rng("backlog")
 	r.sleepUntil(between(rng, r.stream.duration()/3, r.stream.duration()/2))
 	r.sigterm(rng)

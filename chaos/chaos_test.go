@@ -73,6 +73,9 @@ var scenarios = []scenario{
 	// A rolling upgrade across a schema change, and back (issue 30).
 	{name: "rolling-upgrade", consumers: 2, count: 4500, rate: 150, latency: 5 * time.Millisecond, upgrade: true,
 		inject: injectRollingUpgrade, check: checkRollingUpgrade},
+	// Behind a transaction pooler (issue 40).
+	{name: "pooler", consumers: 2, count: 2400, rate: 150, latency: 5 * time.Millisecond, needs: poolerAvailable,
+		env: map[string]string{"PARTITION_MAINTENANCE_INTERVAL": "1m"}, prepare: preparePooler, inject: injectPooler, check: checkPooler},
 	{name: "secured-cluster", consumers: 3, count: 4000, rate: 200, latency: 5 * time.Millisecond, inject: injectSecuredLeaderKill, secured: true,
 		only: brokerApache, why: "apache only: the least-privilege users need Apache Kafka's authorizer, and the fault is a partition leader's kill"},
 }

@@ -161,6 +161,9 @@ type run struct {
 	binary string
 	// upgrading is the rolling upgrade's state (upgrade_test.go).
 	upgrading *upgrade
+	// pooler is the PgBouncer between billing and the database
+	// (pooler_test.go).
+	pooler *pooler
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one
@@ -220,6 +223,13 @@ func newRun(t *testing.T, sc scenario) *run {
 	}
 	r.dsn = r.server.URL(r.dbName)
 	migrateURL := r.dsn
+	if r.pooler != nil {
+		// Migration 10 sets its session's lock_timeout, which billing
+		// migrate applies over a direct connection only: the migrate Job
+		// of a deployment behind a transaction pooler reaches PostgreSQL
+		// directly.
+		migrateURL = r.pooler.direct.URL(r.dbName)
+	}
 	if sc.secured {
 		secured, err := r.secure()
 		if err != nil {

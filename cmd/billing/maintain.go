@@ -27,8 +27,9 @@ it did as JSON on stdout:
     PAYMENT_IDEMPOTENCY_WINDOW (never retried: they need a human) and, with
     PAYMENT_BASE_URL set, completes the ones nobody worked on for
     PAYMENT_RECOVER_AFTER.
-serve does the same on its own schedule; advisory locks and leases let
-several maintainers run at once. It must run as the role that owns the
+serve does the same on its own schedule; leases let several maintainers
+run at once (one of them works on a table, the others skip it), also
+through a transaction pooler. It must run as the role that owns the
 schema (the one of billing migrate): only the owner may drop partitions,
 and serve, running as billing_runtime, leaves the drops to it. Run as
 another role it creates and reports, then fails.`
@@ -73,7 +74,10 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 		return err
 	}
 	if rep.Skipped {
-		log.Info("another maintainer is running; nothing to do")
+		log.Info("another maintainer holds processed_event's lease; its retention was left to it", "held_by", rep.HeldBy)
+	}
+	if rep.Outbox.Skipped {
+		log.Info("another maintainer holds the outbox's lease; its retention was left to it", "held_by", rep.Outbox.HeldBy)
 	}
 	if err := json.NewEncoder(stdout).Encode(rep); err != nil {
 		return err

@@ -27,8 +27,9 @@ import (
 // the expired ones dropped) and the charge attempts left pending
 // (completed, and those past the provider's window reported). serve runs
 // it on a schedule (schedule), maintain once (once): both build it here,
-// so that they keep the same tables by the same settings. Advisory locks
-// and leases let several maintainers run at once.
+// so that they keep the same tables by the same settings. Leases (a
+// table's, in billing_lease; an attempt's, its updated_at) let several
+// maintainers run at once.
 type maintenance struct {
 	db      *sqlx.DB
 	dedup   *dedup.Retention

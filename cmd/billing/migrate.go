@@ -14,8 +14,11 @@ import (
 
 const migrateHelp = `
 Applies the database migrations embedded in this binary to DATABASE_URL and
-exits. It is safe to run twice, and from several processes at once (a
-PostgreSQL advisory lock serializes them).
+exits. It is safe to run twice, and from several processes at once (goose's
+lock table, goose_lock, serializes them). Through a pooler in transaction
+mode it applies every migration but one that changes its session's
+settings (migration 10's SET lock_timeout): it stops there, naming the pool
+mode; apply that one over a direct connection.
 
 Expand migrations (additive: the previous release runs on them) are always
 applied. A contract migration (it removes what an older release uses) is

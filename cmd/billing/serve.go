@@ -138,6 +138,9 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	if err := waitForSchema(ctx, db, embedded, log); err != nil || ctx.Err() != nil {
 		return err
 	}
+	if err := checkPoolMode(ctx, db, cfg.Database.URL, log); err != nil {
+		return err
+	}
 	replica, err := register(ctx, db, embedded, log)
 	if err != nil {
 		return ignoreStop(ctx, err)
@@ -240,6 +243,27 @@ func openDatabase(cfg config.Pool, reg *prometheus.Registry) (*sqlx.DB, int64, e
 	return db, embedded, nil
 }
 
+// checkPoolMode finds whether db's connections share server sessions (a
+// pooler in transaction mode) and logs the pool mode found, before serve
+// takes anything; it refuses a pool mode billing cannot run on, naming it.
+// Billing keeps no state in a session (leases, SET LOCAL, transaction
+// advisory locks), so only lib/pq's two-round-trip statements
+// (binary_parameters turned off) are refused.
+func checkPoolMode(ctx context.Context, db *sqlx.DB, dsn string, log *slog.Logger) error {
+	sessions, err := postgres.DetectSessions(ctx, db)
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("could not tell whether the database's connections share server sessions; billing runs either way", "err", err)
+		}
+		return nil
+	}
+	if err := postgres.CheckSessions(sessions, dsn); err != nil {
+		return err
+	}
+	log.Info("database pool mode", "pool_mode", sessions.Mode(), "sessions", sessions.String())
+	return nil
+}
+
 // liveParts are the parts of the service that readiness asks about, set
 // as they come up.
 type liveParts struct {
@@ -305,8 +329,7 @@ func startWebhooks(cfg config.Serve, processor *billing.Processor, m *metrics.Me
 // of processed_event and the outbox once now and every
 // PARTITION_MAINTENANCE_INTERVAL, and the recovery of the charge attempts
 // left pending, through processor, whatever the consumer does. One replica
-// of many does each piece of work (advisory locks, leases); the others
-// skip.
+// of many does each piece of work (leases); the others skip.
 func startMaintenance(ctx context.Context, background *sync.WaitGroup, cfg config.Serve, db *sqlx.DB, processor *billing.Processor, m *metrics.Metrics, log *slog.Logger) {
 	mt := newMaintenance(db, cfg.Dedup.DedupRetention, cfg.Outbox, cfg.Maintenance.Partitions, processor.Recoverer(), cfg.Payment.RecoverAfter, m, log)
 	if _, err := mt.retention(ctx); err != nil && ctx.Err() == nil {
@@ -372,7 +395,7 @@ func newParking(ctx context.Context, k config.Kafka, sizes topicSizes, m *metric
 }
 
 // startRelay runs the outbox relay in background: payment outcome events
-// to KAFKA_OUTCOME_TOPIC, from whichever replica holds the relay lock.
+// to KAFKA_OUTCOME_TOPIC, from whichever replica holds the relay's lease.
 // stop closes its producer.
 func startRelay(ctx context.Context, background *sync.WaitGroup, k config.Kafka, db *sqlx.DB, sizes topicSizes, m *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
 	relayCfg, err := kafka.OutcomeProducerConfig(k)

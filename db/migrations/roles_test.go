@@ -22,12 +22,16 @@ import (
 // after the migrations: what serve needs, nothing more. A migration that
 // adds a table must decide what serve may do with it, and say so here.
 var runtimePrivileges = map[string][]string{
+	"billing_lease":           {"INSERT", "SELECT", "UPDATE"},
 	"billing_replica":         {"INSERT", "SELECT", "UPDATE"},
 	"charge":                  {"INSERT", "SELECT", "UPDATE"},
 	"charge_waiting":          {"DELETE", "INSERT", "SELECT"},
 	"consumer_position":       {"INSERT", "SELECT", "UPDATE"},
 	"goose_db_version":        {"SELECT"},
 	"goose_db_version_id_seq": nil,
+	// goose's migration lock (a lease of its own), which only migrate,
+	// run as the owner, takes.
+	"goose_lock":              nil,
 	"outbox":                  {"DELETE", "INSERT", "SELECT", "UPDATE"},
 	"outbox_dead":             {"INSERT", "SELECT"},
 	"outbox_seq":              {"USAGE"},

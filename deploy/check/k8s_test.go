@@ -69,6 +69,8 @@ func newObject(apiVersion, kind string) (any, bool) {
 		return &kafkaTopic{}, true
 	case "kafka.strimzi.io/v1beta2/KafkaUser":
 		return &kafkaUser{}, true
+	case "postgresql.cnpg.io/v1/Pooler":
+		return &cnpgPooler{}, true
 	}
 	return nil, false
 }

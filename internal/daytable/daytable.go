@@ -21,7 +21,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"example.com/billing/internal/postgres"
+	"example.com/billing/internal/lease"
 )
 
 // Table is a table partitioned by the day of its UUID v7 key.
@@ -165,20 +165,60 @@ func (t Table) Drop(ctx context.Context, db sqlx.ExecerContext, name string, inf
 	return nil
 }
 
-// Exclusive runs fn as the one maintainer of a table: on a connection of its
-// own holding the session advisory lock key (postgres.WithSessionLock),
-// unless another session holds it: then it returns false without running
-// fn. Maintainers of one table (replicas of serve, the CronJob) use it so
-// that one of them works at a time.
-func Exclusive(ctx context.Context, db *sqlx.DB, key postgres.Lock, fn func(conn *sqlx.Conn) error) (bool, error) {
-	return postgres.WithSessionLock(ctx, db, key, func(conn *sqlx.Conn) error {
-		// Never queue behind a long transaction for a parent's lock: that
-		// would block every insert queued behind this one. Fail and try
-		// next time.
-		if _, err := conn.ExecContext(ctx, `SET lock_timeout = '5s'`); err != nil {
-			return fmt.Errorf("set lock_timeout: %w", err)
+// maintainerLease is how long a maintainer's lease lasts unless renewed:
+// one killed with -9 keeps the others from its table for at most that
+// long.
+const maintainerLease = 15 * time.Second
+
+// Exclusive runs fn as the one maintainer of a table: the holder of the
+// lease name, on a connection of its own; while another maintainer holds
+// it, it returns that maintainer's *lease.HeldError without running fn.
+// Maintainers of one table (replicas of serve, the CronJob) use it so that
+// one of them works at a time. fn's context ends when the lease is lost,
+// and fn writes through Fenced, or checks t before a statement that cannot
+// run in a transaction.
+func Exclusive(ctx context.Context, db *sqlx.DB, name lease.Name, fn func(ctx context.Context, t lease.Tenure, conn *sqlx.Conn) error) error {
+	return lease.New(db, name, maintainerLease).Do(ctx, func(ctx context.Context, t lease.Tenure) error {
+		conn, err := db.Connx(ctx)
+		if err != nil {
+			return fmt.Errorf("connection for %s: %w", name, err)
 		}
-		defer conn.ExecContext(context.WithoutCancel(ctx), `RESET lock_timeout`) //nolint:errcheck // the connection returns to the pool either way
-		return fn(conn)
+		defer conn.Close()
+		return fn(ctx, t, conn)
 	})
+}
+
+// lockTimeout is how long a maintainer's statement waits for a table's
+// lock: never long, since every insert that asks for the table after it
+// queues behind it. A statement that times out fails, and is tried again
+// at the next run.
+const lockTimeout = 5 * time.Second
+
+// Fenced runs fn in a transaction of conn that commits only while t holds
+// its lease, and in which a statement waits at most lockTimeout for a
+// lock. The lease is checked after fn, right before the commit: from the
+// check on, it cannot pass to another maintainer before the commit, and
+// its row is not kept locked while fn waits for a table's lock (the
+// holder's renewals would wait behind it). The timeout is SET LOCAL, the
+// transaction's own: a session setting would stay with the server session,
+// which behind a transaction pooler is another client's next.
+func Fenced(ctx context.Context, conn *sqlx.Conn, t lease.Tenure, fn func(tx *sqlx.Tx) error) error {
+	tx, err := conn.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, lockTimeout.Milliseconds())); err != nil {
+		return fmt.Errorf("set lock_timeout: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := t.Check(ctx, tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
 }

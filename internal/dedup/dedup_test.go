@@ -17,6 +17,7 @@ import (
 
 	"example.com/billing/internal/daytable"
 	"example.com/billing/internal/dedup"
+	"example.com/billing/internal/lease"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/testenv/dbtest"
@@ -249,28 +250,23 @@ func TestRetention(t *testing.T) {
 }
 
 func TestRetention_OneMaintainerAtATime(t *testing.T) {
-	db, dsn := dbtest.New(t)
+	db, _ := dbtest.New(t)
 	m := metrics.New(prometheus.NewRegistry())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	// Another replica holds the maintenance lock: this one skips.
-	other, err := postgres.Open(dsn, 1)
+	// Another replica holds the maintenance lease: this one skips, and
+	// names it.
+	other := lease.New(db, lease.DedupRetention, time.Minute)
+	err := other.Do(context.Background(), func(context.Context, lease.Tenure) error {
+		rep, err := dedup.NewRetention(db, 7*24*time.Hour, 3, m, log).Run(context.Background())
+		if err != nil || !rep.Skipped || rep.HeldBy != other.Holder() {
+			t.Errorf("with the lease held elsewhere: %+v, %v; want skipped, held by %s", rep, err, other.Holder())
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Close()
-	conn, err := other.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(context.Background(), `SELECT pg_advisory_lock($1)`, int64(postgres.LockDedupRetention)); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := dedup.NewRetention(db, 7*24*time.Hour, 3, m, log).Run(context.Background())
-	if err != nil || !rep.Skipped {
-		t.Fatalf("with the lock held elsewhere: %+v, %v; want skipped", rep, err)
-	}
-	conn.Close()
 
 	// Many at once: none fails, and the result is as if one ran.
 	var wg sync.WaitGroup

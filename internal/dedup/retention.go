@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -9,8 +10,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"example.com/billing/internal/daytable"
+	"example.com/billing/internal/lease"
 	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/postgres"
 )
 
 // Retention keeps processed_event bounded: it creates the daily partitions
@@ -36,8 +37,11 @@ func NewRetention(db *sqlx.DB, keep time.Duration, ahead int, m *metrics.Metrics
 
 // Report says what one maintenance run did.
 type Report struct {
-	// Skipped: another maintainer held the lock; nothing was done.
-	Skipped    bool      `json:"skipped"`
+	// Skipped: another maintainer held the lease; nothing was done.
+	Skipped bool `json:"skipped"`
+	// HeldBy names that maintainer (its host, process id and a random
+	// part) when Skipped.
+	HeldBy     string    `json:"heldBy,omitempty"`
 	Created    []string  `json:"created"`
 	Dropped    []string  `json:"dropped"`
 	Partitions int       `json:"partitions"`
@@ -55,11 +59,15 @@ type Report struct {
 func (r *Retention) Run(ctx context.Context) (Report, error) {
 	now := r.now().UTC()
 	rep := Report{Horizon: now.Add(-r.keep)}
-	ran, err := daytable.Exclusive(ctx, r.db, postgres.LockDedupRetention, func(conn *sqlx.Conn) error {
-		return r.run(ctx, conn, now, &rep)
+	err := daytable.Exclusive(ctx, r.db, lease.DedupRetention, func(ctx context.Context, t lease.Tenure, conn *sqlx.Conn) error {
+		return r.run(ctx, t, conn, now, &rep)
 	})
-	rep.Skipped = !ran
-	if err != nil || !ran {
+	var held *lease.HeldError
+	if errors.As(err, &held) {
+		rep.Skipped, rep.HeldBy = true, held.Holder
+		return rep, nil
+	}
+	if err != nil {
 		return rep, err
 	}
 	r.metrics.DedupPartitions.Set(float64(rep.Partitions))
@@ -74,7 +82,10 @@ func (r *Retention) Run(ctx context.Context) (Report, error) {
 	return rep, nil
 }
 
-func (r *Retention) run(ctx context.Context, conn *sqlx.Conn, now time.Time, rep *Report) error {
+// run is one run as t's holder. Its writes are fenced (daytable.Fenced),
+// but for the detach of an expired day, which cannot run in a transaction:
+// the lease is checked right before it.
+func (r *Retention) run(ctx context.Context, t lease.Tenure, conn *sqlx.Conn, now time.Time, rep *Report) error {
 	existing, err := Table.List(ctx, conn)
 	if err != nil {
 		return err
@@ -97,7 +108,7 @@ func (r *Retention) run(ctx context.Context, conn *sqlx.Conn, now time.Time, rep
 		if _, ok := existing[name]; ok {
 			continue
 		}
-		if err := Table.Ensure(ctx, conn, day); err != nil {
+		if err := daytable.Fenced(ctx, conn, t, func(tx *sqlx.Tx) error { return Table.Ensure(ctx, tx, day) }); err != nil {
 			return err
 		}
 		existing[name] = daytable.Info{Day: day}
@@ -115,13 +126,19 @@ func (r *Retention) run(ctx context.Context, conn *sqlx.Conn, now time.Time, rep
 		const q = `
 INSERT INTO processed_event_horizon (dropped_before) VALUES ($1)
 ON CONFLICT (only_row) DO UPDATE SET dropped_before = greatest(processed_event_horizon.dropped_before, excluded.dropped_before)`
-		if _, err := conn.ExecContext(ctx, q, horizonDay.Format(time.DateOnly)); err != nil {
+		if err := daytable.Fenced(ctx, conn, t, func(tx *sqlx.Tx) error {
+			_, err := tx.ExecContext(ctx, q, horizonDay.Format(time.DateOnly))
+			return err
+		}); err != nil {
 			return fmt.Errorf("record the dedup horizon: %w", err)
 		}
 	}
 	for name, p := range existing {
 		// Wholly older than the horizon: its last instant is before it.
 		if owned && !p.Day.AddDate(0, 0, 1).After(rep.Horizon) {
+			if err := t.Check(ctx, conn); err != nil {
+				return err
+			}
 			if err := Table.Drop(ctx, conn, name, p); err != nil {
 				return err
 			}

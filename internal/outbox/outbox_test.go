@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/dev/embeddedkafka"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/order"
@@ -26,6 +27,7 @@ import (
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/testenv/dbtest"
 	"example.com/billing/internal/testenv/kafkatest"
+	"example.com/billing/internal/testenv/pgbouncer"
 )
 
 // TestMain stops what the tests shared, if they started it: the Apache
@@ -125,13 +127,78 @@ type world struct {
 	client sarama.Client
 	m      *metrics.Metrics
 	seq    int
+	sends  *sends
+	// relaysStarted numbers the relays.
+	relaysStarted int
 }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	db, _ := dbtest.New(t)
+	return newWorldVia(t, pgbouncer.Routes()[0])
+}
+
+// newWorldVia is a world whose relays reach the database by route.
+func newWorldVia(t *testing.T, route pgbouncer.Route) *world {
+	t.Helper()
+	_, dsn := dbtest.New(t)
+	db := dbtest.Open(t, route.Via(t, dsn), 20)
 	b := kafkatest.Start(t, 3)
-	return &world{t: t, db: db, broker: b, client: kafkatest.Client(t, b.Addr()), m: metrics.New(prometheus.NewRegistry())}
+	return &world{t: t, db: db, broker: b, client: kafkatest.Client(t, b.Addr()), m: metrics.New(prometheus.NewRegistry()), sends: &sends{}}
+}
+
+// sends records when each relay's sends to the broker began and ended.
+type sends struct {
+	mu  sync.Mutex
+	all []send
+}
+
+type send struct {
+	relay      int
+	began, end time.Time
+}
+
+// recording is a relay's producer that records its sends.
+type recording struct {
+	sarama.SyncProducer
+	relay int
+	log   *sends
+}
+
+func (p recording) SendMessages(msgs []*sarama.ProducerMessage) error {
+	began := time.Now()
+	err := p.SyncProducer.SendMessages(msgs)
+	p.log.mu.Lock()
+	p.log.all = append(p.log.all, send{relay: p.relay, began: began, end: time.Now()})
+	p.log.mu.Unlock()
+	return err
+}
+
+// overlaps returns the pairs of sends of two different relays that were
+// under way at the same time.
+func (s *sends) overlaps() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for i, a := range s.all {
+		for _, b := range s.all[i+1:] {
+			if a.relay != b.relay && a.began.Before(b.end) && b.began.Before(a.end) {
+				out = append(out, fmt.Sprintf("relay %d %s–%s and relay %d %s–%s", a.relay, a.began.Format(time.StampMicro), a.end.Format(time.StampMicro),
+					b.relay, b.began.Format(time.StampMicro), b.end.Format(time.StampMicro)))
+			}
+		}
+	}
+	return out
+}
+
+// relays returns the relays that sent something.
+func (s *sends) relays() map[int]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[int]int{}
+	for _, x := range s.all {
+		out[x.relay]++
+	}
+	return out
 }
 
 // record writes one outcome of order in a transaction of its own.
@@ -170,7 +237,8 @@ func (w *world) relay() (stop func()) {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	r := outbox.NewRelay(w.db, producer, w.broker.OutcomeTopic, w.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w.relaysStarted++
+	r := outbox.NewRelay(w.db, recording{producer, w.relaysStarted, w.sends}, w.broker.OutcomeTopic, w.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	r.MaxBytes = 4096
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -193,7 +261,7 @@ func (w *world) published(n int) map[string][]string {
 	w.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		msgs := kafkatest.ReadAll(w.t, w.client, w.broker.OutcomeTopic)
+		msgs := w.read()
 		if len(msgs) >= n {
 			out := map[string][]string{}
 			for _, m := range msgs {
@@ -217,6 +285,57 @@ func (w *world) published(n int) map[string][]string {
 	}
 }
 
+// publishedAtLeast waits until the outbox is empty and at least n
+// records are on the outcome topic, and returns the outcome eventIds by
+// order key, in topic order: a relay that stopped between a send and its
+// mark has its rows published again (the same eventIds).
+func (w *world) publishedAtLeast(n int) map[string][]string {
+	w.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for w.unpublished() > 0 {
+		if time.Now().After(deadline) {
+			w.t.Fatalf("%d outcome events unpublished after 60s", w.unpublished())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	msgs := w.read()
+	if len(msgs) < n {
+		w.t.Fatalf("%d records published, want at least %d", len(msgs), n)
+	}
+	out := map[string][]string{}
+	for _, m := range msgs {
+		var v struct {
+			EventID string `json:"eventId"`
+		}
+		if err := json.Unmarshal(m.Value, &v); err != nil {
+			w.t.Fatalf("published value %q: %v", m.Value, err)
+		}
+		out[string(m.Key)] = append(out[string(m.Key)], v.EventID)
+	}
+	return out
+}
+
+// read returns the outcome topic's records. A topic just created may
+// answer that its leader moved (NOT_LEADER_OR_FOLLOWER while the broker's
+// metadata settles): it is read again, for up to 10 s.
+func (w *world) read() []*sarama.ConsumerMessage {
+	w.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		msgs, err := embeddedkafka.ReadTopic(ctx, w.client, w.broker.OutcomeTopic)
+		cancel()
+		if err == nil {
+			return msgs
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("read %s: %v", w.broker.OutcomeTopic, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		_ = w.client.RefreshMetadata(w.broker.OutcomeTopic)
+	}
+}
+
 func (w *world) unpublished() int {
 	w.t.Helper()
 	var n int
@@ -231,7 +350,13 @@ func (w *world) unpublished() int {
 // recorded with, in commit order per order, also when two replicas relay at
 // once and the relaying one stops half way.
 func TestRelay_PublishesEveryRowOnceInOrderPerOrder(t *testing.T) {
-	w := newWorld(t)
+	for _, route := range pgbouncer.Routes() {
+		t.Run(route.Name, func(t *testing.T) { testRelayPublishesEveryRowOnceInOrderPerOrder(t, route) })
+	}
+}
+
+func testRelayPublishesEveryRowOnceInOrderPerOrder(t *testing.T, route pgbouncer.Route) {
+	w := newWorldVia(t, route)
 	want := map[string][]string{}
 	recordRound := func(orders int) {
 		for round := range 3 {
@@ -273,6 +398,74 @@ func TestRelay_PublishesEveryRowOnceInOrderPerOrder(t *testing.T) {
 	if got := testutil.ToFloat64(w.m.OutboxPublished.WithLabelValues(outbox.Succeeded)); got != 40 {
 		t.Errorf("billing_outbox_published_total{event_type=succeeded} = %v, want 40", got)
 	}
+	if o := w.sends.overlaps(); len(o) > 0 {
+		t.Errorf("two relays sent at once: %s", strings.Join(o, "; "))
+	}
+}
+
+// Relays started and stopped while outcomes are recorded, three at a time:
+// one sends at a time, every outcome is published, each order's in the
+// order they were recorded, and nothing is held once they stopped.
+func TestRelay_OneRelayAtATime(t *testing.T) {
+	for _, route := range pgbouncer.Routes() {
+		t.Run(route.Name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorldVia(t, route)
+			want := map[string][]string{}
+			const orders, rounds = 30, 8
+			stops := []func(){w.relay(), w.relay(), w.relay()}
+			for round := range rounds {
+				for o := range int64(orders) {
+					rec := w.record(1000+o, outbox.Declined)
+					key := strconv.FormatInt(1000+o, 10)
+					want[key] = append(want[key], rec.EventID.String())
+				}
+				// The relays come and go: the oldest stops (it may be the
+				// one relaying), a new one starts.
+				if round%2 == 1 {
+					stops[0]()
+					stops = append(stops[1:], w.relay())
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			got := w.publishedAtLeast(orders * rounds)
+			for key, ids := range want {
+				if fmt.Sprint(dedup(got[key])) != fmt.Sprint(ids) {
+					t.Errorf("order %s: published %v, recorded %v", key, got[key], ids)
+				}
+			}
+			for _, stop := range stops {
+				stop()
+			}
+			if o := w.sends.overlaps(); len(o) > 0 {
+				t.Errorf("two relays sent at once: %s", strings.Join(o, "; "))
+			}
+			t.Logf("sends per relay: %v", w.sends.relays())
+			var held, locks int
+			if err := w.db.Get(&held, `SELECT count(*) FROM billing_lease WHERE expires_at > now()`); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.db.Get(&locks, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`); err != nil {
+				t.Fatal(err)
+			}
+			if held != 0 || locks != 0 {
+				t.Errorf("after every relay stopped: %d leases and %d advisory locks held", held, locks)
+			}
+		})
+	}
+}
+
+// dedup keeps the first of each eventId: consumers deduplicate so.
+func dedup(ids []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // A row that can never be published (its value is not JSON, or too large

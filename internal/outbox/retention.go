@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -12,6 +13,7 @@ import (
 	"github.com/lib/pq"
 
 	"example.com/billing/internal/daytable"
+	"example.com/billing/internal/lease"
 	"example.com/billing/internal/postgres"
 )
 
@@ -49,7 +51,10 @@ func NewRetention(db *sqlx.DB, keep time.Duration, ahead int, log *slog.Logger) 
 
 // RetentionReport says what one run did.
 type RetentionReport struct {
-	Skipped bool     `json:"skipped"` // another maintainer held the lock
+	Skipped bool `json:"skipped"` // another maintainer held the lease
+	// HeldBy names that maintainer (its host, process id and a random
+	// part) when Skipped.
+	HeldBy  string   `json:"heldBy,omitempty"`
 	Created []string `json:"created"`
 	Dropped []string `json:"dropped"`
 	// Kept lists expired days still holding unpublished rows.
@@ -71,7 +76,7 @@ const defaultPartition = "outbox_default"
 func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 	var rep RetentionReport
 	now := r.now().UTC()
-	ran, err := daytable.Exclusive(ctx, r.db, postgres.LockOutboxRetention, func(conn *sqlx.Conn) error {
+	err := daytable.Exclusive(ctx, r.db, lease.OutboxRetention, func(ctx context.Context, t lease.Tenure, conn *sqlx.Conn) error {
 		existing, err := Table.List(ctx, conn)
 		if err != nil {
 			return err
@@ -81,7 +86,7 @@ func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 			if _, ok := existing[Table.Name(day)]; ok {
 				continue
 			}
-			if err := Table.Ensure(ctx, conn, day); err != nil {
+			if err := daytable.Fenced(ctx, conn, t, func(tx *sqlx.Tx) error { return Table.Ensure(ctx, tx, day) }); err != nil {
 				return err
 			}
 			rep.Created = append(rep.Created, Table.Name(day))
@@ -99,7 +104,7 @@ func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 			if p.Day.AddDate(0, 0, 1).After(horizon) {
 				continue
 			}
-			dropped, err := r.drop(ctx, conn, name, p, now, &rep)
+			dropped, err := r.drop(ctx, t, conn, name, p, now, &rep)
 			if err != nil {
 				return err
 			}
@@ -107,11 +112,15 @@ func (r *Retention) Run(ctx context.Context) (RetentionReport, error) {
 				rep.Dropped = append(rep.Dropped, name)
 			}
 		}
-		rep.Pruned, err = prune(ctx, conn, horizon)
+		rep.Pruned, err = prune(ctx, t, conn, horizon)
 		return err
 	})
-	rep.Skipped = !ran
-	if err == nil && ran {
+	var held *lease.HeldError
+	if errors.As(err, &held) {
+		rep.Skipped, rep.HeldBy = true, held.Holder
+		return rep, nil
+	}
+	if err == nil {
 		attrs := []any{"created", rep.Created, "dropped", rep.Dropped, "kept", rep.Kept, "pruned", rep.Pruned}
 		if rep.NotOwner {
 			attrs = append(attrs, "drops", "left to billing maintain, run as the owner: this role does not own outbox")
@@ -130,8 +139,11 @@ const busyTimeout = time.Second
 // reports whether it did. The count that decides is taken after the detach,
 // in its transaction: a writer that was inserting into the day has
 // committed by then, and none can start.
-func (r *Retention) drop(ctx context.Context, conn *sqlx.Conn, name string, p daytable.Info, now time.Time, rep *RetentionReport) (bool, error) {
+func (r *Retention) drop(ctx context.Context, t lease.Tenure, conn *sqlx.Conn, name string, p daytable.Info, now time.Time, rep *RetentionReport) (bool, error) {
 	if p.DetachPending { // an interrupted DETACH ... CONCURRENTLY of an earlier release
+		if err := t.Check(ctx, conn); err != nil {
+			return false, err
+		}
 		return true, Table.Drop(ctx, conn, name, p)
 	}
 	n, oldest, err := unpublished(ctx, conn, name) // no lock: most days need none
@@ -167,6 +179,9 @@ func (r *Retention) drop(ctx context.Context, conn *sqlx.Conn, name string, p da
 	if _, err := tx.ExecContext(ctx, `DROP TABLE `+pq.QuoteIdentifier(name)); err != nil {
 		return false, fmt.Errorf("drop partition %s: %w", name, err)
 	}
+	if err := t.Check(ctx, tx); err != nil { // the drop commits under the lease
+		return false, err
+	}
 	return true, tx.Commit()
 }
 
@@ -197,39 +212,46 @@ func unpublished(ctx context.Context, db sqlx.QueryerContext, name string) (int,
 }
 
 // prune removes from the default partition the rows published (or dead)
-// and recorded before horizon, a batch per statement so that no
-// transaction grows with a backlog, and from outbox_dead the outcomes dead
-// since before horizon.
-func prune(ctx context.Context, conn *sqlx.Conn, horizon time.Time) (int64, error) {
-	res, err := conn.ExecContext(ctx, `DELETE FROM outbox_dead WHERE died_at < $1`, horizon)
+// and recorded before horizon, a batch per transaction so that none grows
+// with a backlog, and from outbox_dead the outcomes dead since before
+// horizon. Each transaction is t's (daytable.Fenced).
+func prune(ctx context.Context, t lease.Tenure, conn *sqlx.Conn, horizon time.Time) (int64, error) {
+	dead, err := deleteFenced(ctx, t, conn, `DELETE FROM outbox_dead WHERE died_at < $1`, horizon)
 	if err != nil {
 		return 0, fmt.Errorf("prune outbox_dead: %w", err)
 	}
-	dead, err := res.RowsAffected()
-	if err != nil {
-		return 0, err
-	}
-	n, err := pruneDefault(ctx, conn, horizon)
+	n, err := pruneDefault(ctx, t, conn, horizon)
 	return dead + n, err
 }
 
 // pruneDefault is prune's part of the default partition.
-func pruneDefault(ctx context.Context, conn *sqlx.Conn, horizon time.Time) (int64, error) {
+func pruneDefault(ctx context.Context, t lease.Tenure, conn *sqlx.Conn, horizon time.Time) (int64, error) {
 	const q = `
 DELETE FROM ` + defaultPartition + ` WHERE ctid IN (
   SELECT ctid FROM ` + defaultPartition + ` WHERE (published_at IS NOT NULL OR dead) AND recorded_at < $1 LIMIT 10000)`
 	var total int64
 	for {
-		res, err := conn.ExecContext(ctx, q, horizon)
+		n, err := deleteFenced(ctx, t, conn, q, horizon)
 		if err != nil {
 			return total, fmt.Errorf("prune %s: %w", defaultPartition, err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return total, err
 		}
 		if total += n; n < 10000 {
 			return total, nil
 		}
 	}
+}
+
+// deleteFenced runs the DELETE q in a transaction of t's, and returns how
+// many rows it removed.
+func deleteFenced(ctx context.Context, t lease.Tenure, conn *sqlx.Conn, q string, args ...any) (int64, error) {
+	var n int64
+	err := daytable.Fenced(ctx, conn, t, func(tx *sqlx.Tx) error {
+		res, err := tx.ExecContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n, err
 }

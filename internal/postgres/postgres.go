@@ -1,6 +1,8 @@
 // Package postgres connects billing to PostgreSQL: the connection pool, the
-// one transaction helper every write goes through, and the advisory locks
-// (the schema and its migrations are package schema's).
+// one transaction helper every write goes through, whether the pool's
+// connections share server sessions (a pooler in transaction mode), and
+// the ids of billing's locks (the schema and its migrations are package
+// schema's; the leases, package lease's).
 package postgres
 
 import (
@@ -31,13 +33,9 @@ import (
 // TCP keepalives and a TCP user timeout (dialer.go), so that one whose
 // packets are dropped fails in seconds rather than minutes.
 func Open(dsn string, maxConns int) (*sqlx.DB, error) {
-	cfg, err := pq.NewConfig(dsn)
+	cfg, err := config(dsn)
 	if err != nil {
-		// The parser's message can quote the URL, password and all.
-		return nil, fmt.Errorf("parse database url: %s", Redact(err.Error()))
-	}
-	if !strings.Contains(dsn, "binary_parameters") {
-		cfg.BinaryParameters = true
+		return nil, err
 	}
 	connector, err := pq.NewConnectorConfig(cfg)
 	if err != nil {
@@ -52,6 +50,27 @@ func Open(dsn string, maxConns int) (*sqlx.DB, error) {
 	db.SetConnMaxLifetime(30 * time.Minute)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	return db, nil
+}
+
+// config is lib/pq's configuration of dsn, with billing's defaults.
+func config(dsn string) (pq.Config, error) {
+	cfg, err := pq.NewConfig(dsn)
+	if err != nil {
+		// The parser's message can quote the URL, password and all.
+		return cfg, fmt.Errorf("parse database url: %s", Redact(err.Error()))
+	}
+	if !strings.Contains(dsn, "binary_parameters") {
+		cfg.BinaryParameters = true
+	}
+	return cfg, nil
+}
+
+// BinaryParameters reports whether Open's pool on dsn sends parameterised
+// statements in one round trip (binary_parameters, unless dsn turns it
+// off).
+func BinaryParameters(dsn string) bool {
+	cfg, err := config(dsn)
+	return err == nil && cfg.BinaryParameters
 }
 
 // IsConfigError reports whether err from the database means the settings are

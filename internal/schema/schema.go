@@ -30,6 +30,8 @@ import (
 	"log/slog"
 	"regexp"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -47,6 +49,13 @@ type Migration struct {
 	// RunsFrom, for a contract migration, is the oldest release schema
 	// that keeps running once it is applied; 0 for an expand migration.
 	RunsFrom int64
+	// Session: its Up section changes its session's settings (a SET or
+	// RESET that is not LOCAL, as a NO TRANSACTION migration must to set
+	// lock_timeout: goose runs it statement by statement, outside a
+	// transaction). Through a transaction pooler the setting would stay
+	// with a server session that other clients use next, so migrate
+	// applies it over sessions of its own only.
+	Session bool
 }
 
 // Contract reports whether m removes or tightens what an older release
@@ -55,6 +64,23 @@ func (m Migration) Contract() bool { return m.RunsFrom > 0 }
 
 // contractMark is how a contract migration says so, on a line of its own.
 var contractMark = regexp.MustCompile(`(?m)^-- \+billing contract: releases of schema (\d+) and newer`)
+
+// sessionSetting is a statement that changes its session's settings: SET
+// name = / TO, SET SESSION, RESET, set_config(..., false). (SET LOCAL
+// changes a transaction's only; a plain SET in a transaction outlives it.)
+var sessionSetting = regexp.MustCompile(`(?im)^\s*(reset\s+\w|set\s+session\s|set\s+[a-z_.]+\s*(=|to\s))|set_config\s*\([^;]*,\s*false\s*\)`)
+
+// upSection is the Up section of a migration's source.
+func upSection(body []byte) []byte {
+	s := string(body)
+	if i := strings.Index(s, "-- +goose Up"); i >= 0 {
+		s = s[i:]
+	}
+	if i := strings.Index(s, "-- +goose Down"); i >= 0 {
+		s = s[:i]
+	}
+	return []byte(s)
+}
 
 // Migrations returns the migrations embedded in the binary, in version
 // order.
@@ -77,7 +103,7 @@ func migrationsOf(fsys fs.FS) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		m := Migration{Version: v, Path: e.Name()}
+		m := Migration{Version: v, Path: e.Name(), Session: sessionSetting.Match(upSection(body))}
 		if match := contractMark.FindSubmatch(body); match != nil {
 			if m.RunsFrom, err = strconv.ParseInt(string(match[1]), 10, 64); err != nil || m.RunsFrom <= 0 {
 				return nil, fmt.Errorf("migration %s: contract mark %q", e.Name(), match[0])
@@ -103,6 +129,11 @@ func Version() (int64, error) {
 // releasesVersion is the migration that records the releases running and
 // the schema's floor (00009_releases.sql).
 const releasesVersion = 9
+
+// LeasesVersion is the migration that added the leases (00012_leases.sql):
+// releases of an older schema decide their relay and maintainers with
+// session advisory locks instead, which a lease does not exclude.
+const LeasesVersion = 12
 
 // versionTable is where goose records the migrations applied to a
 // database: its default name, which Migrate keeps.
@@ -177,9 +208,11 @@ type Report struct {
 // migration, and a contract migration unless a replica of a release older
 // than its floor is alive; then it stops, leaving that one and the later
 // ones pending for a later run (Report.Refused says why). It is safe to run
-// twice and from several processes at once: a session advisory lock
-// serializes them (goose's), and billing_contract checks again, in the
-// migration's transaction, what the registry says.
+// twice and from several processes at once: goose's lock table serializes
+// them, and billing_contract checks again, in the migration's transaction,
+// what the registry says. Through a transaction pooler it applies every
+// migration but one that changes its session's settings
+// (Migration.Session): it stops there with an error naming the pool mode.
 func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) (Report, error) {
 	return migrate(ctx, db, migrations.FS, log)
 }
@@ -187,12 +220,17 @@ func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) (Report, error) 
 // migrate is Migrate with the migrations of fsys.
 func migrate(ctx context.Context, db *sql.DB, fsys fs.FS, log *slog.Logger) (Report, error) {
 	var rep Report
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(postgres.LockMigrations)))
+	// goose's lock table (goose_lock), not its session advisory lock: a
+	// lease, taken, renewed and given back by statements of their own, so
+	// that it holds through a transaction pooler. Asked every second: a
+	// concurrent migrate is usually over in a moment.
+	locker, err := lock.NewPostgresTableLocker(lock.WithTableLockID(postgres.LockMigrations),
+		lock.WithTableLockTimeout(time.Second, 300), lock.WithTableLogger(log))
 	if err != nil {
 		return rep, fmt.Errorf("migration lock: %w", err)
 	}
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
-		goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
+		goose.WithLocker(locker), goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		return rep, fmt.Errorf("load migrations: %w", err)
 	}
@@ -213,6 +251,11 @@ func migrate(ctx context.Context, db *sql.DB, fsys fs.FS, log *slog.Logger) (Rep
 			if err := contractAllowed(ctx, xdb, m); err != nil {
 				rep.Pending, rep.Refused = all[i:], err
 				break
+			}
+		}
+		if m.Session {
+			if err := ownSessions(ctx, xdb, m); err != nil {
+				return rep, err
 			}
 		}
 		results, err := provider.UpTo(ctx, m.Version)
@@ -238,6 +281,22 @@ func migrate(ctx context.Context, db *sql.DB, fsys fs.FS, log *slog.Logger) (Rep
 	}
 	log.Info("schema migrated", "version", rep.Version, "applied_now", len(rep.Applied), "pending", len(rep.Pending))
 	return rep, nil
+}
+
+// ownSessions returns nil when db's connections keep server sessions of
+// their own, so that m, which changes its session's settings, can be
+// applied; else an error naming m and the pool mode.
+func ownSessions(ctx context.Context, db *sqlx.DB, m Migration) error {
+	sessions, err := postgres.DetectSessions(ctx, db)
+	if err != nil {
+		return err
+	}
+	if sessions == postgres.SharedSessions {
+		return fmt.Errorf("migration %s changes its session's settings (a SET that is not SET LOCAL), and DATABASE_URL's connections share server sessions (pool mode %s): "+
+			"the setting would stay with a server session other clients use next. Run this billing migrate over a direct connection to PostgreSQL, or a pooler in session mode (e.g. CloudNativePG's <cluster>-rw service)",
+			m.Path, sessions.Mode())
+	}
+	return nil
 }
 
 // contractAllowed returns nil when no replica of a release older than m's
