@@ -143,7 +143,7 @@ func (p *Processor) send(ctx context.Context, c *call) bool {
 		p.callers.do(func() {
 			if err := p.wanted(c); err != nil {
 				c.err = err // not sent: left pending
-			} else {
+			} else if p.resend(ctx, c) {
 				// Asked again once the request has its turn, which a rate
 				// limit can make seconds later: a partition lost meanwhile
 				// sends nothing more.

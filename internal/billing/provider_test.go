@@ -520,3 +520,42 @@ func TestProcess_AWaitingEventWithoutAPaymentMethodIsRefusedAndTheNextCharges(t 
 		t.Errorf("billing_events_total{invalid} = %v, want 1", got)
 	}
 }
+
+// The one re-send after an answer without a verdict is one worker's of
+// all: two replicas resuming the attempt at once send it once between
+// them, and the other waits for its answer (found by the chaos scenario
+// stripe: a stored 500 met by copies of its event on two partitions).
+func TestProcess_TheOneResendIsOneReplicas(t *testing.T) {
+	f := newProviderFixture(t, "")
+	ev, value := newEvent(t, 112, time.Now())
+	key := ev.ID.String()
+	f.payer.answer(key, payment.Outcome{Kind: payment.Indeterminate, Detail: "500 api_error"})
+	f.proc.Process(context.Background(), messages(value)) //nolint:errcheck // pending, to ask once more
+	other := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), f.payer,
+		billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour, ResolveAfter: time.Hour},
+		metrics.New(prometheus.NewRegistry()), noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
+	var wg sync.WaitGroup
+	for _, p := range []*billing.Processor{f.proc, other} {
+		wg.Go(func() { settle(t, p, value) })
+	}
+	wg.Wait()
+	if n := len(f.payer.requests(key)); n != 2 {
+		t.Errorf("the request was sent %d times, want twice: the first and its one re-send", n)
+	}
+	if got := f.status(t, ev.ID); got != "in_progress" {
+		t.Errorf("status %q, want in_progress (looked up from now on)", got)
+	}
+	// Recovery never sends it a third time either.
+	if _, err := f.db.Exec(`UPDATE charge SET status = 'pending', resolve_at = NULL, updated_at = now() - interval '1 hour' WHERE event_id = $1`, ev.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.rec.Recover(context.Background(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.payer.requests(key)); n != 2 {
+		t.Errorf("recovery sent it again: %d requests", n)
+	}
+	if got := f.status(t, ev.ID); got != "in_progress" {
+		t.Errorf("status %q after recovery, want in_progress", got)
+	}
+}

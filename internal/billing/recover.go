@@ -142,9 +142,22 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	}
 	var wg sync.WaitGroup
 	for _, c := range calls {
-		wg.Go(func() { c.answered(r.payer.Charge(ctx, request(c.a))) })
+		wg.Go(func() {
+			if s.resend(ctx, c) {
+				c.answered(r.payer.Charge(ctx, request(c.a)))
+			}
+		})
 	}
 	wg.Wait()
+	var answered []*call
+	for _, c := range calls {
+		if c.sent {
+			answered = append(answered, c)
+		} else {
+			s.abandon(c, c.err) // its re-send is another worker's
+		}
+	}
+	calls = answered
 	r.settle(ctx, calls)
 	for _, c := range calls {
 		result := c.a.Status
@@ -258,14 +271,18 @@ func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *Recove
 	var answered []*call
 	var failed []error
 	for _, c := range calls {
-		if c.lookupErr != nil {
+		if c.lookupErr != nil && ctx.Err() == nil {
 			failed = append(failed, c.lookupErr)
 		}
-		if c.sent {
+		if c.sent && ctx.Err() == nil {
 			answered = append(answered, c)
 		} else {
 			s.abandon(c, c.err)
 		}
+	}
+	if ctx.Err() != nil {
+		r.release(due)
+		return ctx.Err()
 	}
 	if len(failed) > 0 {
 		// Once per run, not once per attempt: a provider that cannot be
@@ -284,6 +301,27 @@ func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *Recove
 	}
 	return nil
 }
+
+// release gives the in_progress attempts of due back to the next lookup,
+// now: this process stops before it could record what the provider said,
+// and another replica should not wait for the lookup's lease to pass.
+func (r *Recoverer) release(due []charge.Row) {
+	if len(due) == 0 {
+		return
+	}
+	ids := make([]uuid.UUID, len(due))
+	for i, a := range due {
+		ids[i] = a.EventID
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := charge.ReleaseLookups(ctx, r.s.db, ids); err != nil {
+		r.s.log.Warn("could not give back the lookups of a stopped run; they are due again when their lease passes", "attempts", len(ids), "err", err)
+	}
+}
+
+// releaseTimeout bounds release, which runs while the process stops.
+const releaseTimeout = 2 * time.Second
 
 // looked records on c what a lookup of its attempt found, as an answer to
 // settle: a verdict settles it; an in_progress attempt the provider still

@@ -3,6 +3,7 @@ package billing
 import (
 	"cmp"
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -228,10 +229,10 @@ func (s *settler) answerOf(c *call, now time.Time) charge.Answer {
 		a.Status, a.Err = charge.Rejected, rejectText(out)
 	case out.Kind == payment.InProgress:
 		a.Status, a.ResolveAt, a.Err = charge.InProgress, cmp.Or(c.next, now.Add(s.resolveAfter)), out.Detail
-	case out.Kind == payment.Indeterminate && c.a.Indeterminate+c.requests > 1:
-		// Sent again and the provider still replays its answer without a
-		// verdict: look the payment up, at once, instead.
-		a.Status, a.ResolveAt, a.Indeterminate, a.Err = charge.InProgress, now, true, "indeterminate: "+out.Detail
+	case out.Kind == payment.Indeterminate && c.a.Indeterminate > 0:
+		// Sent again (its one re-send taken: resend) and the provider
+		// still has no verdict: look the payment up, at once, instead.
+		a.Status, a.ResolveAt, a.Err = charge.InProgress, now, "indeterminate: "+out.Detail
 	case out.Kind == payment.Indeterminate:
 		a.Indeterminate, a.Err = true, "indeterminate: "+out.Detail
 	default:
@@ -241,6 +242,36 @@ func (s *settler) answerOf(c *call, now time.Time) charge.Answer {
 		a.CountedBy = c.counted.res.counter
 	}
 	return a
+}
+
+// errResendTaken: another worker took the one re-send of an attempt whose
+// first answer had no verdict; this one waits for that answer.
+var errResendTaken = payment.Transient("indeterminate", 0, errors.New("the attempt's one re-send after an answer without a verdict is another worker's"))
+
+// resend reports whether c's request may go out. An attempt whose first
+// answer had no verdict (indeterminate) is sent again once, by one worker
+// of every replica: the one that takes the re-send in the table. One sent
+// again already is never sent a third time: it is answered here as
+// indeterminate, which settles it in_progress with its lookup due now.
+func (s *settler) resend(ctx context.Context, c *call) bool {
+	switch c.a.Indeterminate {
+	case 0:
+		return true
+	case 1:
+		took, err := charge.TakeResend(ctx, s.db, c.a.EventID)
+		switch {
+		case err != nil:
+			c.err = err
+		case !took:
+			c.err = errResendTaken
+		default:
+			c.a.Indeterminate = 2
+			return true
+		}
+		return false
+	}
+	c.sent, c.out = true, payment.Outcome{Kind: payment.Indeterminate, Detail: "sent again once already; looked up instead"}
+	return false
 }
 
 // declineText and rejectText are what last_error keeps of a decline and a

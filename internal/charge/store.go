@@ -229,6 +229,29 @@ RETURNING c.event_id, c.order_id, c.status, c.deferred`
 	return changed, nil
 }
 
+// TakeResend takes the one re-send of a pending attempt whose request got
+// an answer without a verdict (indeterminate 1 → 2), for the caller alone
+// among every worker of every replica; false when another took it first.
+func TakeResend(ctx context.Context, db sqlx.ExecerContext, id uuid.UUID) (bool, error) {
+	const q = `UPDATE charge SET indeterminate = 2, updated_at = now() WHERE event_id = $1 AND status = $2 AND indeterminate = 1`
+	res, err := db.ExecContext(ctx, q, id.String(), Pending)
+	if err != nil {
+		return false, fmt.Errorf("take the re-send of charge attempt %s: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// ReleaseLookups makes the lookups of ids' in_progress attempts due now:
+// a worker that leased them (TakeDue) gives them back unanswered.
+func ReleaseLookups(ctx context.Context, db sqlx.ExecerContext, ids []uuid.UUID) error {
+	const q = `UPDATE charge SET resolve_at = now() WHERE event_id = ANY($1::uuid[]) AND status = $2`
+	if _, err := db.ExecContext(ctx, q, texts(ids), InProgress); err != nil {
+		return fmt.Errorf("release charge attempts' lookups: %w", err)
+	}
+	return nil
+}
+
 // Get reads the attempts of ids.
 func Get(ctx context.Context, q sqlx.QueryerContext, ids []uuid.UUID) ([]Row, error) {
 	return Select(ctx, q, `WHERE event_id = ANY($1::uuid[])`, texts(ids))
