@@ -196,10 +196,11 @@ type psp struct {
 
 var urlPattern = regexp.MustCompile(`https?://127\.0\.0\.1:[0-9]+`)
 
-// startPSP starts `billing fakepsp` on a free port and waits for it.
-func startPSP(logPath string, args ...string) (*psp, error) {
+// startPSP starts `billing fakepsp` on a free port with env (its API key
+// and webhook secret, nil for none) and waits for it.
+func startPSP(logPath string, env map[string]string, args ...string) (*psp, error) {
 	pr, pw := io.Pipe()
-	p, err := startProc("fakepsp", logPath, nil, pw, append([]string{"fakepsp", "--addr", "127.0.0.1:0"}, args...)...)
+	p, err := startProc("fakepsp", logPath, env, pw, append([]string{"fakepsp", "--addr", "127.0.0.1:0"}, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -344,6 +345,8 @@ type consumer struct {
 	*proc
 	addr string   // HTTP_ADDR
 	host *netHost // the network namespace it runs in, nil on the machine
+	// webhook is its WEBHOOK_ADDR in the stripe scenario, "" elsewhere.
+	webhook string
 }
 
 func (c *consumer) get(path string) int {

@@ -85,6 +85,10 @@ type scenario struct {
 	// upgrade: the run starts on the previous release, migrated and
 	// served by its binary (upgrade_test.go).
 	upgrade bool
+	// stripe: serve speaks Stripe's PaymentIntents to fakepsp's stripe
+	// profile, whose webhooks reach the replicas through one load
+	// balancer (stripe_test.go).
+	stripe bool
 }
 
 // dbServer is a PostgreSQL server a run's database lives on: the suite's
@@ -164,6 +168,8 @@ type run struct {
 	// pooler is the PgBouncer between billing and the database
 	// (pooler_test.go).
 	pooler *pooler
+	// stripe is the provider's wiring when sc.stripe (stripe_test.go).
+	stripe *stripeRun
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one
@@ -255,19 +261,20 @@ func newRun(t *testing.T, sc scenario) *run {
 	}
 
 	// The provider, as a process.
-	args := []string{"--decline-every", fmt.Sprint(declineEvery), "--seed", fmt.Sprint(r.seed)}
-	if sc.latency > 0 {
-		args = append(args, "--latency", sc.latency.String())
-	}
-	r.psp, err = startPSP(filepath.Join(r.dir, "fakepsp.log"), args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := r.psp.terminate(10 * time.Second); err != nil {
-			t.Logf("fakepsp: %v", err)
+	if sc.stripe {
+		if r.stripe, err = r.startStripe(); err != nil {
+			t.Fatal(err)
 		}
-	})
+	} else {
+		args := []string{"--decline-every", fmt.Sprint(declineEvery), "--seed", fmt.Sprint(r.seed)}
+		if sc.latency > 0 {
+			args = append(args, "--latency", sc.latency.String())
+		}
+		if r.psp, err = startPSP(filepath.Join(r.dir, "fakepsp.log"), nil, args...); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.stopPSP)
+	}
 
 	r.stream, err = newStream(r.topic, partitions, sc.count, sc.rate, r.seed, sc.past)
 	if err != nil {
@@ -300,6 +307,13 @@ func newRun(t *testing.T, sc scenario) *run {
 		}
 	}
 	return r
+}
+
+// stopPSP stops the provider, once the run is over.
+func (r *run) stopPSP() {
+	if _, err := r.psp.terminate(10 * time.Second); err != nil {
+		r.t.Logf("fakepsp: %v", err)
+	}
 }
 
 // rng returns a random source of its own for one fault track: tracks run
@@ -417,6 +431,10 @@ func (r *run) env(c *consumer) map[string]string {
 	if r.secured != nil {
 		maps.Copy(env, r.secured.serveEnv)
 	}
+	if r.stripe != nil {
+		maps.Copy(env, r.stripe.serveEnv(c.name))
+		env["WEBHOOK_ADDR"] = c.webhook
+	}
 	return env
 }
 
@@ -451,6 +469,15 @@ func (r *run) startInSlot(slot int) *consumer {
 		ip, wrap = host.nsIP, host.wrap()
 	}
 	c := &consumer{addr: fmt.Sprintf("%s:%d", ip, port), host: host}
+	if r.stripe != nil {
+		// Its provider-facing listener, behind the run's load balancer.
+		webhookPort, err := freeport.Port()
+		if err != nil {
+			r.t.Errorf("free port: %v", err)
+			return nil
+		}
+		c.webhook = fmt.Sprintf("%s:%d", ip, webhookPort)
+	}
 	name := fmt.Sprintf("serve-%d", slot)
 	if gen > 0 {
 		name = fmt.Sprintf("serve-%d.%d", slot, gen)
@@ -802,7 +829,12 @@ func runScenario(t *testing.T, sc scenario) {
 	t.Logf("[+%s] all consumers stopped with SIGTERM; slowest exit %s", r.elapsed(), maxStop.Round(time.Millisecond))
 
 	row.maxStop = maxStop
-	res := r.verify()
+	var res result
+	if r.stripe != nil {
+		res = r.verifyStripe()
+	} else {
+		res = r.verify()
+	}
 	if r.secured != nil {
 		r.checkNoSecrets()
 	}
