@@ -35,6 +35,8 @@ var runtimePrivileges = map[string][]string{
 	"outbox":                  {"DELETE", "INSERT", "SELECT", "UPDATE"},
 	"outbox_dead":             {"INSERT", "SELECT"},
 	"outbox_seq":              {"USAGE"},
+	"operator_action":         {"INSERT", "SELECT"},
+	"operator_action_id_seq":  nil,
 	"payment_method":          {"SELECT"},
 	"processed_event":         {"INSERT", "SELECT"},
 	"processed_event_horizon": {"SELECT"},
