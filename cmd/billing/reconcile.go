@@ -103,7 +103,7 @@ func reconcileCmd(ctx context.Context, args []string, environ map[string]string,
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer db.Close()
-	ledger := newPayer(cfg.Payment.Provider, cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, nil, metrics.New(prometheus.NewRegistry()))
+	ledger := newPayer(cfg.Payment.API(), nil, metrics.New(prometheus.NewRegistry()))
 	defer ledger.Close()
 
 	rep, err := reconcile.Reconcile(ctx, reconcile.NewStore(db), ledger, win, reconcile.Options{Slack: *slack})

@@ -146,7 +146,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 
 	// The provider's client outlives the background work that charges
 	// through it (maintenance's recovery), which stops first.
-	payer := newPayer(cfg.Payment.Provider, cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, tp, m)
+	payer := newPayer(cfg.Payment.API(), tp, m)
 	defer payer.Close()
 	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew,
 		ProviderWindow: cfg.Payment.IdempotencyWindow, ResolveAfter: cfg.Payment.ResolveAfter}
@@ -293,7 +293,7 @@ func startHTTPServers(cfg config.Serve, ready server.Readiness, reg *prometheus.
 // webhook is off without PAYMENT_WEBHOOK_SECRET: its outcomes are then
 // learnt by lookups alone.
 func startWebhooks(cfg config.Serve, processor *billing.Processor, m *metrics.Metrics, log *slog.Logger, fail context.CancelCauseFunc) (stop func(), err error) {
-	verify := webhookOf(cfg.Payment.Provider, cfg.Webhooks.Secrets)
+	verify := webhookOf(cfg, m, log)
 	if verify == nil {
 		log.Info("webhooks off: no PAYMENT_WEBHOOK_SECRET; outcomes the provider decides later are learnt by lookups", "provider", cfg.Payment.Provider)
 		return func() {}, nil
