@@ -99,10 +99,9 @@ type API struct {
 	PaymentLimits
 }
 
-// API is the provider's client settings.
-func (p Payment) API() API {
-	return API{Provider: p.Provider, BaseURL: p.BaseURL, MerchantAccount: p.MerchantAccount, PaymentLimits: p.PaymentLimits}
-}
+// API is the provider's client settings. Payment's fields are API's, tags
+// aside: the conversion stops compiling should they part.
+func (p Payment) API() API { return API(p) }
 
 // PaymentLimits are the provider settings besides its address, which
 // maintain shares with serve.
@@ -146,10 +145,8 @@ type OptionalPayment struct {
 	PaymentLimits
 }
 
-// API is the provider's client settings.
-func (p OptionalPayment) API() API {
-	return API{Provider: p.Provider, BaseURL: p.BaseURL, MerchantAccount: p.MerchantAccount, PaymentLimits: p.PaymentLimits}
-}
+// API is the provider's client settings (a conversion, as Payment's).
+func (p OptionalPayment) API() API { return API(p) }
 
 // Webhooks is where the provider's notifications come in.
 type Webhooks struct {
