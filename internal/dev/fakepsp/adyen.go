@@ -219,7 +219,7 @@ func (p *adyenPayment) reason() string {
 // answerBody is Adyen's answer to the /payments that created p.
 func (p *adyenPayment) answerBody() []byte {
 	a := struct {
-		PspReference      string `json:"pspReference"`
+		PspReference      string `json:"pspReference,omitempty"`
 		ResultCode        string `json:"resultCode"`
 		MerchantReference string `json:"merchantReference"`
 		Amount            any    `json:"amount"`
@@ -236,6 +236,12 @@ func (p *adyenPayment) answerBody() []byte {
 	}
 	if p.reason() != "" {
 		a.RefusalReason, a.RefusalReasonCode = p.behaviour.reason, p.behaviour.reasonCode
+	}
+	switch p.resultCode {
+	case "RedirectShopper", "IdentifyShopper", "ChallengeShopper":
+		// Adyen gives a payment that waits for the shopper its
+		// pspReference in the /payments/details answer, not here.
+		a.PspReference = ""
 	}
 	if p.resultCode == "RedirectShopper" {
 		a.Action = map[string]string{"type": "redirect", "method": "GET", "url": "https://checkoutshopper-test.adyen.com/fake/3ds?ref=" + p.pspReference}

@@ -129,8 +129,10 @@
 //     days): the stored first answer, byte for byte;
 //  11. otherwise the request waits Latency and creates a payment whose
 //     outcome its stored payment method chooses, answered 200 with its
-//     resultCode and pspReference. An authorisation, or a payment pending,
-//     loses its answer (connection reset) with probability ResetRate.
+//     resultCode and pspReference (none while the shopper would have to
+//     act: Adyen gives it in /payments/details then). An authorisation,
+//     or a payment pending, loses its answer (connection reset) with
+//     probability ResetRate.
 //
 // Every answer to a request with an Idempotency-Key echoes it. Outcomes by
 // storedPaymentMethodId:

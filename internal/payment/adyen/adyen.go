@@ -160,7 +160,7 @@ const (
 //	    ChallengeShopper                       Declined authentication_required
 //	2xx PresentToShopper                       Declined shopper_action_required
 //	2xx another resultCode                     InProgress
-//	2xx unreadable, or without pspReference    transient bad_response
+//	2xx unreadable, Authorised without pspReference  transient bad_response
 //	errorCode 704 (409 or 422)                 transient conflict
 //	transient-error: true                      transient, as the status names it
 //	400, 422 with Adyen's error object         Rejected (errorCode)
@@ -190,7 +190,10 @@ func (p *Protocol) classify(resp payment.Response) (payment.Outcome, error) {
 	status := resp.Status
 	if status >= 200 && status < 300 {
 		var a paymentResponse
-		if err := json.Unmarshal(resp.Body, &a); err != nil || a.ResultCode == "" || a.PspReference == "" {
+		// An answer that asks the shopper to act may come without a
+		// pspReference (Adyen gives it in /payments/details then); a
+		// success billing cannot record without one.
+		if err := json.Unmarshal(resp.Body, &a); err != nil || a.ResultCode == "" || (a.ResultCode == authorised && a.PspReference == "") {
 			// An answer we cannot read is not an outcome we can record;
 			// asking again under the key gets the stored answer.
 			return payment.Outcome{}, payment.Transient("bad_response", 0,
@@ -293,7 +296,10 @@ func (a paymentResponse) detail(secret string) string {
 	case redirectShopper, identifyShopper, challengeShopper, presentToShopper:
 		s += ": the shopper would have to act, which off-session they cannot"
 	}
-	return payment.Snippet([]byte(s+", pspReference "+a.PspReference), secret)
+	if a.PspReference != "" {
+		s += ", pspReference " + a.PspReference
+	}
+	return payment.Snippet([]byte(s), secret)
 }
 
 // reasonCode is a decline's code from Adyen's refusal reason, as an

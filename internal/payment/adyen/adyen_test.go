@@ -182,6 +182,8 @@ func TestCharge_Classification(t *testing.T) {
 		{name: "RedirectShopper", status: 200, body: answer("RedirectShopper", `,"action":{"type":"redirect","url":"https://example.com/3ds"}`),
 			want:   payment.Outcome{Kind: payment.Declined, Ref: "PSP0000000000001", Code: "authentication_required"},
 			detail: "the shopper would have to act"},
+		{name: "RedirectShopperWithoutPspReference", status: 200, body: `{"resultCode":"RedirectShopper","action":{"type":"redirect"}}`,
+			want: payment.Outcome{Kind: payment.Declined, Code: "authentication_required"}},
 		{name: "IdentifyShopper", status: 200, body: answer("IdentifyShopper", ""),
 			want: payment.Outcome{Kind: payment.Declined, Ref: "PSP0000000000001", Code: "authentication_required"}},
 		{name: "ChallengeShopper", status: 200, body: answer("ChallengeShopper", ""),
