@@ -271,16 +271,19 @@ type Options struct {
 	FailOrders []int64 `json:"failOrders,omitempty"`
 	// ResetRate is the probability of creating and storing a charge and then
 	// closing the connection without answering ("provider said 200,
-	// connection reset"). Declines and stored 500s are always answered.
+	// connection reset"). Declines (Adyen's refusals too) and stored 500s
+	// are always answered.
 	ResetRate float64 `json:"resetRate"`
 	// DeclineEvery, when > 0, declines (402) contract orders whose id is a
-	// multiple of it. 0 never declines. Stripe declines by payment method.
+	// multiple of it. 0 never declines. Stripe and Adyen decline by
+	// payment method.
 	DeclineEvery int64 `json:"declineEvery"`
 	// RateLimit, when > 0, answers 429 to a request that arrives when
 	// RateLimit requests already arrived within the last second, as a
 	// provider's rate limit does (Stripe's sandbox and per-endpoint limit:
 	// 25). Contract: charge requests count, and the 429 has Retry-After: 1.
 	// Stripe: every /v1 request counts, and the 429 has no Retry-After.
+	// Adyen: POST /payments counts, and the 429 has no Retry-After.
 	RateLimit int `json:"rateLimit"`
 	// APIKey, when set, is required as Authorization: Bearer <APIKey> on
 	// the contract's POST /v1/charges and on every Stripe /v1 route, and
@@ -293,8 +296,9 @@ type Options struct {
 	// whose id is a multiple of it 202 {"status":"processing"}, and decides
 	// it ProcessingDelay later. 0: every answer is final.
 	ProcessingEvery int64 `json:"processingEvery"`
-	// ProcessingDelay is how long a processing payment (contract, or a
-	// Stripe fake debit) waits for its verdict.
+	// ProcessingDelay is how long a processing payment (contract, a
+	// Stripe fake debit, an Adyen Pending or Received) waits for its
+	// verdict.
 	ProcessingDelay time.Duration `json:"processingDelay"`
 	// IdempotencyTTL is how long a stored answer is kept under its key;
 	// a key used again after that is new. 0 means the profile's provider's:
