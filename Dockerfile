@@ -28,6 +28,8 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/billing /billing
 USER 65532:65532
-EXPOSE 8080
+# serve's HTTP_ADDR (probes, /metrics; internal) and WEBHOOK_ADDR (the
+# provider's webhooks): their defaults.
+EXPOSE 8080 8090
 ENTRYPOINT ["/billing"]
 CMD ["serve"]

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -46,6 +47,14 @@ answers, the demo starts a PostgreSQL of its own for the run, from PG_BIN
 or /usr/lib/postgresql/*/bin, else an embedded PostgreSQL 15 fetched once
 into the user's cache directory, and removes it at exit.
 
+With --provider stripe the fake provider speaks Stripe's PaymentIntents API
+instead of billing's own contract: billing charges each customer's saved
+card, which the demo imports first through billing payment-methods import
+(declining cards for every customer id divisible by --decline-every, bank
+debits that answer processing and are settled by a signed webhook for one
+customer in ten), and serves the provider's webhooks on a port of their
+own.
+
 With --keep everything keeps running after the summary, until Ctrl-C, so
 that you can look at /metrics and produce more events.`
 
@@ -73,6 +82,7 @@ type demoOptions struct {
 	logPath      string
 	timeout      time.Duration
 	keep         bool
+	provider     string
 }
 
 // demoCmd runs the demo. argv0 is how billing was started, for the hints
@@ -93,6 +103,7 @@ func demoCmd(ctx context.Context, argv0 string, args []string, environ map[strin
 	fs.StringVar(&o.logPath, "log", filepath.Join(os.TempDir(), "billing-demo.log"), "file that receives billing serve's logs")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the consumer to catch up")
 	fs.BoolVar(&o.keep, "keep", false, "keep everything running after the summary, until Ctrl-C")
+	fs.StringVar(&o.provider, "provider", config.ProviderContract, "the fake provider's API: contract (billing's own) or stripe (PaymentIntents, saved cards, webhooks)")
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
@@ -105,6 +116,8 @@ func demoCmd(ctx context.Context, argv0 string, args []string, environ map[strin
 		return errors.New("demo: --decline-every must not be negative")
 	case !demoDBName.MatchString(o.dbName):
 		return fmt.Errorf("demo: --db-name %q must be lower-case letters, digits and _", o.dbName)
+	case o.provider != config.ProviderContract && o.provider != config.ProviderStripe:
+		return fmt.Errorf("demo: --provider %q is not contract or stripe", o.provider)
 	}
 	genOpts := loadgen.Options{Count: o.count, Duplicates: o.duplicates, Invalid: o.invalid, Seed: o.seed}
 	if _, _, _, err := genOpts.Split(); err != nil {
@@ -129,7 +142,7 @@ func demoCmd(ctx context.Context, argv0 string, args []string, environ map[strin
 	if err != nil {
 		return err
 	}
-	failures := sum.print(stdout, d.exp, o.declineEvery)
+	failures := sum.print(stdout, d.expect())
 	if o.keep && ctx.Err() == nil {
 		d.printKeep()
 		select {
@@ -211,28 +224,18 @@ func (d *demo) start(ctx context.Context, pg pgserver.Options) error {
 	// once a topic has history: README.md, "Configuration".
 	fmt.Fprintf(d.stdout, "  group     %s (new: starts from the oldest offset of %s)\n", d.kafkaCfg.GroupID, d.kafkaCfg.Topic)
 
-	d.psp, err = startFakePSP("127.0.0.1:0", fakepsp.Options{DeclineEvery: o.declineEvery, Latency: o.latency, Seed: o.seed})
-	if err != nil {
+	if d.httpAddr, err = loopbackAddr(); err != nil {
 		return err
 	}
-	declines := "declines nothing"
-	if o.declineEvery > 0 {
-		declines = fmt.Sprintf("declines every order id divisible by %d", o.declineEvery)
-	}
-	fmt.Fprintf(d.stdout, "  provider  %s (fake; %s)\n", d.psp.URL, declines)
-
-	port, err := freeport.Port()
-	if err != nil {
-		return err
-	}
-	d.httpAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	env := map[string]string{
-		"KAFKA_BROKERS":    d.broker.Addr(),
-		"DATABASE_URL":     d.dsn,
-		"PAYMENT_BASE_URL": d.psp.URL,
-		"HTTP_ADDR":        d.httpAddr,
-		"LOG_LEVEL":        "info",
-		"LOG_FORMAT":       "text",
+		"KAFKA_BROKERS": d.broker.Addr(),
+		"DATABASE_URL":  d.dsn,
+		"HTTP_ADDR":     d.httpAddr,
+		"LOG_LEVEL":     "info",
+		"LOG_FORMAT":    "text",
+	}
+	if err := d.startProvider(ctx, env); err != nil {
+		return err
 	}
 	serveCtx, stop := context.WithCancel(ctx)
 	d.stopServe = stop
@@ -251,6 +254,96 @@ func (d *demo) start(ctx context.Context, pg pgserver.Options) error {
 		return fmt.Errorf("demo: kafka client: %w", err)
 	}
 	return nil
+}
+
+// loopbackAddr is a free port on the loopback interface, as host:port.
+func loopbackAddr() (string, error) {
+	port, err := freeport.Port()
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
+}
+
+// startProvider starts the fake provider of --provider and sets serve's
+// provider settings in env. For Stripe it imports every customer's saved
+// card first (demoMethod) and has the provider post its webhooks to
+// serve's WEBHOOK_ADDR.
+func (d *demo) startProvider(ctx context.Context, env map[string]string) error {
+	o := d.opts
+	opts := fakepsp.Options{DeclineEvery: o.declineEvery, Latency: o.latency, Seed: o.seed}
+	about := "declines nothing"
+	if o.declineEvery > 0 {
+		about = fmt.Sprintf("declines every order id divisible by %d", o.declineEvery)
+	}
+	if o.provider == config.ProviderStripe {
+		webhookAddr, err := loopbackAddr()
+		if err != nil {
+			return err
+		}
+		secret := "whsec_billing_demo_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		opts = fakepsp.Options{Profile: fakepsp.ProfileStripe, Latency: o.latency, Seed: o.seed,
+			ProcessingDelay: demoProcessingDelay, SearchLag: time.Second,
+			WebhookURL: "http://" + webhookAddr + "/webhooks/stripe", WebhookSecret: secret}
+		maps.Copy(env, map[string]string{
+			"PAYMENT_PROVIDER":       config.ProviderStripe,
+			"PAYMENT_API_KEY":        "sk_test_billing_demo",
+			"PAYMENT_WEBHOOK_SECRET": secret,
+			"WEBHOOK_ADDR":           webhookAddr,
+			"PAYMENT_RESOLVE_AFTER":  "5s",
+		})
+		n, err := d.importMethods(ctx)
+		if err != nil {
+			return err
+		}
+		about = fmt.Sprintf("Stripe's PaymentIntents API; %d saved cards imported: declined for customer ids divisible by %d, a bank debit settled by webhook for ids ending in 3; webhooks to %s",
+			n, o.declineEvery, webhookAddr)
+	}
+	var err error
+	if d.psp, err = startFakePSP("127.0.0.1:0", opts); err != nil {
+		return err
+	}
+	env["PAYMENT_BASE_URL"] = d.psp.URL
+	fmt.Fprintf(d.stdout, "  provider  %s (fake; %s)\n", d.psp.URL, about)
+	return nil
+}
+
+// demoProcessingDelay is how long the fake's bank debits stay processing
+// before their webhook: long enough that billing records them in_progress
+// first.
+const demoProcessingDelay = 300 * time.Millisecond
+
+// demoCustomers is how many customers the generator draws from
+// (loadgen: customer ids 1..50,000).
+const demoCustomers = 50_000
+
+// demoMethod is the saved card of customer at the fake Stripe: one that
+// declines for ids divisible by declineEvery, a bank debit (processing,
+// then succeeded by webhook) for ids ending in 3, else a card that
+// succeeds.
+func demoMethod(customer, declineEvery int64) string {
+	switch {
+	case declineEvery > 0 && customer%declineEvery == 0:
+		return "pm_card_chargeDeclined"
+	case customer%10 == 3:
+		return "pm_fakeDebit_success"
+	}
+	return "pm_card_visa"
+}
+
+// importMethods imports every customer's saved card through billing
+// payment-methods import, as an operator would, and returns how many.
+func (d *demo) importMethods(ctx context.Context) (int, error) {
+	var csv strings.Builder
+	csv.WriteString("customer_id,customer_ref,payment_method_ref\n")
+	for c := int64(1); c <= demoCustomers; c++ {
+		fmt.Fprintf(&csv, "%d,cus_%d,%s\n", c, c, demoMethod(c, d.opts.declineEvery))
+	}
+	env := map[string]string{"DATABASE_URL": d.dsn, "PAYMENT_PROVIDER": config.ProviderStripe, "LOG_FORMAT": "text"}
+	if err := importPaymentMethods(ctx, nil, env, strings.NewReader(csv.String()), io.Discard, d.logFile); err != nil {
+		return 0, fmt.Errorf("demo: import payment methods: %w", err)
+	}
+	return demoCustomers, nil
 }
 
 // waitReady waits until serve's /readyz answers 200.
@@ -343,12 +436,10 @@ func (d *demo) publishAndWait(ctx context.Context, genOpts loadgen.Options) erro
 		}
 		p.show(fmt.Sprintf("published %d/%d  finished %.0f/%d  lag %d  committed %d/%d  %.1fs",
 			published, d.opts.count, finished, d.opts.count, lag, committed, d.opts.count, time.Since(d.began).Seconds()))
-		if !publishing && err == nil && committed == end {
-			// Every message is committed, so every one was counted on
-			// /metrics before its offset was marked.
-			if d.finished.IsZero() {
-				d.finished = time.Now()
-			}
+		// Every message is committed and counted on /metrics: a payment
+		// the provider decides later (in_progress) is committed first and
+		// counted once its webhook settled it.
+		if !publishing && err == nil && committed == end && finished >= float64(d.opts.count) {
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -12,6 +12,7 @@ import (
 	"github.com/gofrs/uuid/v5"
 
 	"example.com/billing/internal/charge"
+	"example.com/billing/internal/config"
 	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/metrics"
@@ -26,6 +27,7 @@ import (
 type demoSummary struct {
 	produced, dlq                    int64 // broker end offsets
 	unique, charged, declined        int   // database
+	settledLater                     int   // database: succeeded once the provider's webhook or a lookup said so
 	chargedTwiceDB, mismatched       int   // database
 	duplicates, alreadyCharged       float64
 	providerCharges, chargedTwicePSP int64 // provider
@@ -63,6 +65,7 @@ func (d *demo) measure(ctx context.Context) (demoSummary, error) {
 		{&s.declined, `SELECT count(*) FROM charge WHERE status = $1`, []any{charge.Declined}},
 		{&s.chargedTwiceDB, `SELECT count(*) FROM (SELECT order_id FROM charge WHERE status = $1
 			GROUP BY order_id HAVING count(*) > 1) AS twice`, []any{charge.Succeeded}},
+		{&s.settledLater, `SELECT count(*) FROM charge WHERE status = $1 AND deferred`, []any{charge.Succeeded}},
 	}
 	for _, c := range counts {
 		if err := d.db.GetContext(ctx, c.dst, c.q, c.args...); err != nil {
@@ -98,6 +101,9 @@ FROM (SELECT extract(epoch FROM processed_at) * 1000
 
 	st := d.psp.Stats()
 	s.providerCharges, s.chargedTwicePSP = st.ChargesCreated, st.OrdersChargedTwice
+	if d.opts.provider == config.ProviderStripe {
+		s.providerCharges = st.Stripe.Succeeded + st.Stripe.ProcessingSucceeded
+	}
 	if s.outcomes, err = d.countOutcomes(ctx); err != nil {
 		return s, err
 	}
@@ -129,10 +135,38 @@ func (d *demo) mismatchedCharges(ctx context.Context) (int, error) {
 	return bad + len(want), nil
 }
 
+// demoExpected is what the generator's events must come to with the
+// demo's provider.
+type demoExpected struct {
+	loadgen.Expected
+	// declined, and settledLater: the charges the provider answered
+	// processing, settled by its webhook.
+	declined, settledLater int
+}
+
+// expect is what the events generated must come to: the contract declines
+// by order id, the fake Stripe by the customer's saved card (demoMethod).
+func (d *demo) expect() demoExpected {
+	e := demoExpected{Expected: d.exp}
+	if d.opts.provider != config.ProviderStripe {
+		e.declined = d.exp.Declined(d.opts.declineEvery)
+		return e
+	}
+	for _, ev := range d.exp.Events {
+		switch demoMethod(ev.CustomerID, d.opts.declineEvery) {
+		case "pm_card_chargeDeclined":
+			e.declined++
+		case "pm_fakeDebit_success":
+			e.settledLater++
+		}
+	}
+	return e
+}
+
 // print writes the summary table and the verdict, and returns the number of
 // rows that differ from the expectation.
-func (s demoSummary) print(w io.Writer, exp loadgen.Expected, declineEvery int64) int {
-	declined := exp.Declined(declineEvery)
+func (s demoSummary) print(w io.Writer, exp demoExpected) int {
+	declined := exp.declined
 	charged := exp.Unique - declined
 	rows := []struct {
 		what, source string
@@ -142,6 +176,7 @@ func (s demoSummary) print(w io.Writer, exp loadgen.Expected, declineEvery int64
 		{"unique events processed", "database: processed_event", int64(s.unique), int64(exp.Unique)},
 		{"charged", "database: charge succeeded", int64(s.charged), int64(charged)},
 		{"declined by the provider", "database: charge declined", int64(s.declined), int64(declined)},
+		{"charged once the provider said so", "database: charge succeeded, deferred", int64(s.settledLater), int64(exp.settledLater)},
 		{"duplicates skipped", "/metrics: outcome=duplicate", int64(s.duplicates), int64(exp.Duplicates)},
 		{"second events for a paid order", "/metrics: outcome=already_charged", int64(s.alreadyCharged), 0},
 		{"sent to the dead-letter topic", "broker: DLQ end offsets", s.dlq, int64(exp.Invalid)},

@@ -19,14 +19,16 @@ const usage = `billing charges each confirmed order exactly once in effect.
 Usage: billing <command> [flags]
 
 Commands:
-  serve      consume order.confirmed.v1 events and charge them; serves /healthz, /readyz, /metrics
+  serve      consume order.confirmed.v1 events and charge them; serves /healthz, /readyz, /metrics,
+             and the provider's webhooks on WEBHOOK_ADDR
   migrate    apply the embedded database migrations and exit (safe to run twice, and concurrently);
              contract migrations wait for older releases to be replaced; migrate status says where it stands
   maintain   the tables' upkeep, once: partitions ahead and expired ones dropped, charge attempts left pending
   demo       the whole pipeline on this machine (embedded broker, fake provider), then a summary
   produce    publish order.confirmed.v1 events: valid, duplicated and invalid, at a rate
   devkafka   an embedded Kafka-protocol broker for development (in memory, kfake; not Apache Kafka)
-  fakepsp    a fake payment provider with idempotency and fault injection
+  fakepsp    a fake payment provider (billing's contract or Stripe's API) with idempotency, webhooks
+             and fault injection
   reconcile  compare the charge table with the provider's charges of a window; non-zero exit when they differ
   dlq replay republish parked dead-letter messages, unchanged, to the topic they came from
   payment-methods import

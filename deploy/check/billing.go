@@ -84,7 +84,7 @@ func (b *Binary) Reads(cmd, name string) bool {
 
 // SecretVars are the contract's secrets: they come from a Secret in
 // Kubernetes and never appear in a ConfigMap.
-var SecretVars = []string{"DATABASE_URL", "PAYMENT_API_KEY", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"}
+var SecretVars = []string{"DATABASE_URL", "PAYMENT_API_KEY", "PAYMENT_WEBHOOK_SECRET", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"}
 
 // LoadBinary reads the facts from the repository's source.
 func LoadBinary() (*Binary, error) {

@@ -1,6 +1,7 @@
 package check
 
 import (
+	"cmp"
 	"context"
 	"net"
 	"net/url"
@@ -383,6 +384,29 @@ func TestCompose_ServiceAddressesAgree(t *testing.T) {
 	}
 	if environment(psp)["PAYMENT_API_KEY"] != serve["PAYMENT_API_KEY"] {
 		t.Errorf("fakepsp and serve have different PAYMENT_API_KEYs")
+	}
+
+	// The fake speaks serve's provider, and posts its webhooks to serve's
+	// WEBHOOK_ADDR, on serve's path, signed with the secret serve verifies.
+	provider := serveVar(t, serve, "PAYMENT_PROVIDER")
+	if profile := cmp.Or(flagValue(psp.Command, "profile"), "contract"); profile != provider {
+		t.Errorf("fakepsp speaks --profile %s, serve PAYMENT_PROVIDER=%s", profile, provider)
+	}
+	if hook := flagValue(psp.Command, "webhook-url"); hook != "" {
+		hu, err := url.Parse(hook)
+		if err != nil {
+			t.Fatal(err)
+		}
+		webhookPort, err := port(serveVar(t, serve, "WEBHOOK_ADDR"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := serviceRunning(t, p, "serve").Name; hu.Hostname() != want || hu.Port() != strconv.Itoa(webhookPort) || hu.Path != "/webhooks/"+provider {
+			t.Errorf("fakepsp posts its webhooks to %s, serve listens at http://%s:%d/webhooks/%s", hook, want, webhookPort, provider)
+		}
+		if s := environment(psp)["PAYMENT_WEBHOOK_SECRET"]; s == "" || s != serve["PAYMENT_WEBHOOK_SECRET"] {
+			t.Errorf("fakepsp signs its webhooks with another PAYMENT_WEBHOOK_SECRET than serve verifies")
+		}
 	}
 
 	// serve's HTTP_ADDR port is published and scraped.

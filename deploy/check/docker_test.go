@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -249,6 +250,25 @@ func TestDockerfile_RunsNonRootWithoutAShell(t *testing.T) {
 	}
 	if json.Unmarshal([]byte(cmd), &c) != nil || !slices.Equal(c, []string{"serve"}) {
 		t.Errorf(`CMD %s, want ["serve"]`, cmd)
+	}
+	// The runtime stage exposes serve's listeners at their defaults.
+	var exposed []string
+	for _, in := range ins {
+		if in.cmd == "FROM" {
+			exposed = nil
+		}
+		if in.cmd == "EXPOSE" {
+			exposed = append(exposed, strings.Fields(in.args)...)
+		}
+	}
+	for _, v := range []string{"HTTP_ADDR", "WEBHOOK_ADDR"} {
+		p, err := port(serveDefault(t, v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(exposed, strconv.Itoa(p)) && !slices.Contains(exposed, strconv.Itoa(p)+"/tcp") {
+			t.Errorf("the runtime stage EXPOSEs %v, not %s's default port %d", exposed, v, p)
+		}
 	}
 
 	// The builder's Go is at least the one go.mod asks for: the golang

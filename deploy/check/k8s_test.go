@@ -57,6 +57,8 @@ func newObject(apiVersion, kind string) (any, bool) {
 		return &policyv1.PodDisruptionBudget{}, true
 	case "networking.k8s.io/v1/NetworkPolicy":
 		return &networkingv1.NetworkPolicy{}, true
+	case "networking.k8s.io/v1/Ingress":
+		return &networkingv1.Ingress{}, true
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		return &monitoringv1.ServiceMonitor{}, true
 	case "monitoring.coreos.com/v1/PrometheusRule":
@@ -230,6 +232,7 @@ type rendered struct {
 	services        []*corev1.Service
 	pdbs            []*policyv1.PodDisruptionBudget
 	networkPolicies []*networkingv1.NetworkPolicy
+	ingresses       []*networkingv1.Ingress
 	serviceMonitors []*monitoringv1.ServiceMonitor
 	rules           []*monitoringv1.PrometheusRule
 	namespaced      []metav1.Object
@@ -276,6 +279,8 @@ func build(t *testing.T, dir string) *rendered {
 			r.pdbs = append(r.pdbs, o)
 		case *networkingv1.NetworkPolicy:
 			r.networkPolicies = append(r.networkPolicies, o)
+		case *networkingv1.Ingress:
+			r.ingresses = append(r.ingresses, o)
 		case *monitoringv1.ServiceMonitor:
 			r.serviceMonitors = append(r.serviceMonitors, o)
 		case *monitoringv1.PrometheusRule:
@@ -641,15 +646,53 @@ func checkRender(t *testing.T, r *rendered, secrets map[string]map[string]string
 		t.Errorf("CronJobs run %v, want [maintain]", crons)
 	}
 
-	// The Service exposes the HTTP port; the ServiceMonitor scrapes it.
-	var metricsSvc *corev1.Service
+	// Two listeners: HTTP_ADDR (probes, /metrics) stays inside the cluster,
+	// WEBHOOK_ADDR (the provider's notifications) is the one published.
+	webhookPort, err := port(serveVar(t, pe.env, "WEBHOOK_ADDR"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if webhookPort == httpPort {
+		t.Errorf("%s: WEBHOOK_ADDR and HTTP_ADDR share port %d", where, httpPort)
+	}
+	if p, ok := containerPort(c, intstr.FromString("webhooks")); !ok || int(p) != webhookPort {
+		t.Errorf("%s: no container port named webhooks on WEBHOOK_ADDR's port %d", where, webhookPort)
+	}
+
+	// One Service exposes the HTTP port, which the ServiceMonitor scrapes;
+	// another the webhook port; none both.
+	var metricsSvc, webhookSvc *corev1.Service
 	for _, s := range r.services {
-		if len(s.Spec.Selector) > 0 && labels.SelectorFromSet(s.Spec.Selector).Matches(podLabels) {
+		if len(s.Spec.Selector) == 0 || !labels.SelectorFromSet(s.Spec.Selector).Matches(podLabels) {
+			continue
+		}
+		var targets []int
+		for _, sp := range s.Spec.Ports {
+			p, ok := containerPort(c, sp.TargetPort)
+			if !ok {
+				t.Errorf("Service %s port %s targets %s, which the container does not declare", s.Name, sp.Name, sp.TargetPort.String())
+				continue
+			}
+			targets = append(targets, int(p))
+		}
+		switch http, hooks := slices.Contains(targets, httpPort), slices.Contains(targets, webhookPort); {
+		case http && hooks:
+			t.Errorf("Service %s exposes both HTTP_ADDR's port %d (internal) and WEBHOOK_ADDR's port %d (the provider's)", s.Name, httpPort, webhookPort)
+		case http && metricsSvc != nil:
+			t.Errorf("Services %s and %s both expose HTTP_ADDR's port %d", metricsSvc.Name, s.Name, httpPort)
+		case http:
 			metricsSvc = s
+		case hooks:
+			webhookSvc = s
+		default:
+			t.Errorf("Service %s exposes neither HTTP_ADDR's port %d nor WEBHOOK_ADDR's port %d", s.Name, httpPort, webhookPort)
 		}
 	}
 	if metricsSvc == nil {
-		t.Fatalf("no Service selects the billing pods")
+		t.Fatalf("no Service exposes the billing pods' HTTP_ADDR port %d", httpPort)
+	}
+	if webhookSvc == nil {
+		t.Errorf("no Service exposes the billing pods' WEBHOOK_ADDR port %d for the provider's webhooks", webhookPort)
 	}
 	if metricsSvc.Name != "billing" {
 		t.Errorf("the metrics Service is %s; the alerts and dashboard expect job=\"billing\"", metricsSvc.Name)
@@ -668,6 +711,9 @@ func checkRender(t *testing.T, r *rendered, secrets map[string]map[string]string
 	smSel, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector)
 	if err != nil || !smSel.Matches(labels.Set(metricsSvc.Labels)) {
 		t.Errorf("ServiceMonitor %s does not select Service %s (%v)", sm.Name, metricsSvc.Name, err)
+	}
+	if webhookSvc != nil && smSel.Matches(labels.Set(webhookSvc.Labels)) {
+		t.Errorf("ServiceMonitor %s also selects the webhooks Service %s: give it another component label", sm.Name, webhookSvc.Name)
 	}
 	for _, ep := range sm.Spec.Endpoints {
 		if _, ok := svcPorts[ep.Port]; !ok {
@@ -690,14 +736,18 @@ func checkRender(t *testing.T, r *rendered, secrets map[string]map[string]string
 		t.Errorf("PodDisruptionBudget %s sets neither maxUnavailable nor minAvailable", r.pdbs[0].Name)
 	}
 
-	checkNetworkPolicies(t, r, c, podLabels, httpPort)
+	checkNetworkPolicies(t, r, c, podLabels, httpPort, webhookPort)
+	checkIngresses(t, r, metricsSvc, webhookSvc, serveVar(t, pe.env, "PAYMENT_PROVIDER"))
 	checkRules(t, r)
 	checkDashboardConfigMap(t, r)
 }
 
 // checkNetworkPolicies requires every billing pod to be isolated with DNS
-// egress, and the consumer's HTTP port open to the monitoring namespace.
-func checkNetworkPolicies(t *testing.T, r *rendered, c corev1.Container, podLabels labels.Set, httpPort int) {
+// egress, the consumer's HTTP port open to the monitoring namespace, and
+// its webhook port to some peer (the ingress controller), never in one
+// rule with the HTTP port, and no rule admitting every port or the HTTP
+// port from anywhere.
+func checkNetworkPolicies(t *testing.T, r *rendered, c corev1.Container, podLabels labels.Set, httpPort, webhookPort int) {
 	t.Helper()
 	selecting := func(l labels.Set) []*networkingv1.NetworkPolicy {
 		var out []*networkingv1.NetworkPolicy
@@ -734,38 +784,140 @@ func checkNetworkPolicies(t *testing.T, r *rendered, c corev1.Container, podLabe
 			t.Errorf("the NetworkPolicies of %s allow no DNS egress", what)
 		}
 	}
-	open := false
+	open, hooks := false, false
 	for _, np := range selecting(podLabels) {
 		for _, in := range np.Spec.Ingress {
-			fromMonitoring := false
+			fromMonitoring, fromAnywhere := false, len(in.From) == 0
 			for _, peer := range in.From {
 				if peer.NamespaceSelector != nil && peer.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "monitoring" {
 					fromMonitoring = true
 				}
+				fromAnywhere = fromAnywhere || peer.IPBlock != nil
 			}
+			if len(in.Ports) == 0 {
+				t.Errorf("NetworkPolicy %s admits every port of the billing pods; name the ports", np.Name)
+			}
+			var ports []int
 			for _, p := range in.Ports {
 				if p.Port == nil {
+					t.Errorf("NetworkPolicy %s admits a rule without a port; name the ports", np.Name)
 					continue
 				}
-				if cp, ok := containerPort(c, *p.Port); ok && int(cp) == httpPort && fromMonitoring {
-					open = true
+				if cp, ok := containerPort(c, *p.Port); ok {
+					ports = append(ports, int(cp))
 				}
+			}
+			http, webhooks := slices.Contains(ports, httpPort), slices.Contains(ports, webhookPort)
+			open = open || (http && fromMonitoring)
+			hooks = hooks || webhooks
+			if http && webhooks {
+				t.Errorf("NetworkPolicy %s admits the webhook port %d and the internal HTTP port %d in one rule: the provider's path must reach the webhook port only", np.Name, webhookPort, httpPort)
+			}
+			if http && fromAnywhere {
+				t.Errorf("NetworkPolicy %s admits the internal HTTP port %d from anywhere", np.Name, httpPort)
 			}
 		}
 	}
 	if !open {
 		t.Errorf("no NetworkPolicy lets the monitoring namespace reach port %d", httpPort)
 	}
+	if !hooks {
+		t.Errorf("no NetworkPolicy lets anything reach the webhook port %d: the provider's notifications cannot come in", webhookPort)
+	}
+}
+
+// checkIngresses requires every Ingress that routes to billing to route
+// only POST /webhooks/<PAYMENT_PROVIDER> to the webhooks Service, with TLS
+// for its hosts: the internal HTTP_ADDR listener is never published.
+func checkIngresses(t *testing.T, r *rendered, metricsSvc, webhookSvc *corev1.Service, provider string) {
+	t.Helper()
+	want := "/webhooks/" + provider
+	for _, ing := range r.ingresses {
+		where := "Ingress " + ing.Name
+		backends := []*networkingv1.IngressBackend{ing.Spec.DefaultBackend}
+		tls := map[string]bool{}
+		for _, tl := range ing.Spec.TLS {
+			for _, h := range tl.Hosts {
+				tls[h] = true
+			}
+		}
+		for _, rule := range ing.Spec.Rules {
+			if !tls[rule.Host] {
+				t.Errorf("%s: host %q has no TLS: the provider posts over HTTPS", where, rule.Host)
+			}
+			if rule.HTTP == nil {
+				continue
+			}
+			for _, p := range rule.HTTP.Paths {
+				backends = append(backends, &p.Backend)
+				if p.Path != want {
+					t.Errorf("%s routes %s; billing's webhook listener serves %s (PAYMENT_PROVIDER=%s) only", where, p.Path, want, provider)
+				}
+			}
+		}
+		for _, b := range backends {
+			if b == nil || b.Service == nil {
+				continue
+			}
+			if metricsSvc != nil && b.Service.Name == metricsSvc.Name {
+				t.Errorf("%s publishes the internal Service %s (/healthz, /readyz, /metrics)", where, metricsSvc.Name)
+				continue
+			}
+			if webhookSvc == nil || b.Service.Name != webhookSvc.Name {
+				t.Errorf("%s routes to Service %s, not to the webhooks Service", where, b.Service.Name)
+				continue
+			}
+			found := false
+			for _, sp := range webhookSvc.Spec.Ports {
+				found = found || (b.Service.Port.Name != "" && sp.Name == b.Service.Port.Name) || (b.Service.Port.Number != 0 && sp.Port == b.Service.Port.Number)
+			}
+			if !found {
+				t.Errorf("%s routes to port %v of Service %s, which it lacks", where, b.Service.Port, webhookSvc.Name)
+			}
+		}
+	}
+}
+
+// docSection is a pointer from an alert's annotations to a section of
+// billing's documentation: docs/operations.md "Runbook: an outage".
+var docSection = regexp.MustCompile(`docs/([a-z]+)\.md "([^"]+)"`)
+
+// docHeadings returns the headings of a Markdown file of docs/, outside
+// code blocks, as written (without the #s).
+func docHeadings(t *testing.T, name string) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(path("docs", name+".md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	inCode := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+		}
+		if !inCode && strings.HasPrefix(line, "#") {
+			out[strings.TrimSpace(strings.TrimLeft(line, "#"))] = true
+		}
+	}
+	return out
 }
 
 // checkRules requires every alert to use metrics billing exports (or the
-// standard up and kube-state-metrics series) and to say how bad and what.
+// standard up and kube-state-metrics series), to say how bad and what, to
+// be named in docs/operations.md, and to point to the section of it that
+// says what to do (docs/operations.md "<heading>").
 func checkRules(t *testing.T, r *rendered) {
 	t.Helper()
 	if len(r.rules) != 1 {
 		t.Fatalf("%d PrometheusRules, want 1", len(r.rules))
 	}
 	standard := func(n string) bool { return n == "up" || strings.HasPrefix(n, "kube_") }
+	operations, err := os.ReadFile(path("docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	headings := map[string]map[string]bool{}
 	used := map[string]bool{}
 	for _, g := range r.rules[0].Spec.Groups {
 		for _, rule := range g.Rules {
@@ -776,14 +928,37 @@ func checkRules(t *testing.T, r *rendered) {
 			for _, n := range requireMetrics(t, where, rule.Expr.String(), standard) {
 				used[n] = true
 			}
-			if rule.Alert != "" && (rule.Labels["severity"] == "" || rule.Annotations["summary"] == "") {
+			if rule.Alert == "" {
+				continue
+			}
+			if rule.Labels["severity"] == "" || rule.Annotations["summary"] == "" {
 				t.Errorf("%s lacks a severity label or a summary annotation", where)
+			}
+			if !strings.Contains(string(operations), "`"+rule.Alert+"`") {
+				t.Errorf("%s is not named in docs/operations.md", where)
+			}
+			runbook := false
+			for _, a := range rule.Annotations {
+				for _, m := range docSection.FindAllStringSubmatch(a, -1) {
+					if headings[m[1]] == nil {
+						headings[m[1]] = docHeadings(t, m[1])
+					}
+					if !headings[m[1]][m[2]] {
+						t.Errorf("%s points to docs/%s.md %q, which has no such heading", where, m[1], m[2])
+					}
+					runbook = runbook || m[1] == "operations"
+				}
+			}
+			if !runbook {
+				t.Errorf(`%s points to no section of docs/operations.md (docs/operations.md "<heading>")`, where)
 			}
 		}
 	}
 	// Lag growing, DLQ writes, payment failures and retries, no ready
-	// replicas, provider outage.
-	for _, m := range []string{"billing_consumer_lag", "billing_dlq_messages_total", "billing_payment_requests_total", "billing_retries_total", "kube_deployment_status_replicas_available"} {
+	// replicas, provider outage; attempts a human must settle, payments in
+	// progress for days, webhooks refused.
+	for _, m := range []string{"billing_consumer_lag", "billing_dlq_messages_total", "billing_payment_requests_total", "billing_retries_total", "kube_deployment_status_replicas_available",
+		"billing_charge_attempts_unresolved", "billing_charge_attempts_oldest_in_progress_seconds", "billing_webhooks_total"} {
 		if !used[m] {
 			t.Errorf("no alert on %s", m)
 		}

@@ -83,6 +83,8 @@ type call struct {
 	// next, for an in_progress answer of a lookup, is when to look again
 	// (zero: PAYMENT_RESOLVE_AFTER from now).
 	next time.Time
+	// lookupErr is why a lookup of the attempt failed, for recovery's log.
+	lookupErr error
 	// settles counts the settles that failed, settleErr says why the
 	// last did: the answer is kept and settled again, never asked again.
 	settles   int
@@ -247,6 +249,6 @@ func expiredDetail(a charge.Row, own bool, window time.Duration) string {
 	if !own {
 		whose = fmt.Sprintf("order %d has a charge attempt (event %s)", a.OrderID, a.EventID)
 	}
-	return fmt.Sprintf("%s from %s is still unanswered and older than the provider's idempotency window %s: asking again could charge twice, so it is not retried blindly; reconcile it with the provider, record the outcome in the charge table, then replay this event",
+	return fmt.Sprintf("%s from %s is still unanswered and older than the provider's idempotency window %s: asking again could charge twice, so it is never sent again; billing looks it up at the provider and settles it with what the provider says (one the provider cannot find needs a human: docs/operations.md, an unresolved charge attempt); replay this event once it is settled",
 		whose, a.CreatedAt.UTC().Format(time.RFC3339), window)
 }

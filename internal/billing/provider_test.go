@@ -17,6 +17,7 @@ import (
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/order"
 	"example.com/billing/internal/payment"
 	"example.com/billing/internal/testenv/dbtest"
 	"example.com/billing/internal/wallet"
@@ -466,5 +467,66 @@ func TestProcess_NoPaymentMethodIsParkedAndChargedAfterImportAndReplay(t *testin
 	}
 	if got := f.count(t, `SELECT count(*) FROM outbox WHERE causation_id = $1`, ev.ID); got != 2 {
 		t.Errorf("%d outcome events, want the failure and then the success", got)
+	}
+}
+
+// A notification whose outcome could not be committed is not acknowledged
+// (Notify fails), nothing of it is recorded, and its redelivery settles it
+// once.
+func TestNotify_NotCommittedThenRedeliveredSettlesOnce(t *testing.T) {
+	f := newProviderFixture(t, "")
+	ev, value := newEvent(t, 110, time.Now())
+	f.payer.answer(ev.ID.String(), processing("pi_110"))
+	process(t, f.proc, value)
+	note := notified(ev.ID.String(), payment.Succeeded, "pi_110")
+	gone, cancel := context.WithCancel(context.Background())
+	cancel() // the commit never happens: the process died, the database went away
+	if _, err := f.proc.Notify(gone, []payment.Notification{note}); err == nil {
+		t.Fatal("Notify reported success without committing")
+	}
+	if got := f.status(t, ev.ID); got != "in_progress" {
+		t.Fatalf("status %q after a failed Notify, want in_progress", got)
+	}
+	if done, err := f.proc.Notify(context.Background(), []payment.Notification{note}); err != nil || done.Settled != 1 {
+		t.Fatalf("the redelivery: %+v, %v; want settled", done, err)
+	}
+	if got := f.count(t, `SELECT count(*) FROM outbox WHERE causation_id = $1`, ev.ID); got != 1 || f.counted(metrics.OutcomeCharged) != 1 {
+		t.Errorf("%d outcome events, charged counted %v; want one of each", got, f.counted(metrics.OutcomeCharged))
+	}
+}
+
+// A waiting event whose turn comes when its customer has no payment
+// method is not sent: it is refused, announced failed and counted invalid
+// (its message was committed long before), and the next waiting event of
+// the order is charged.
+func TestProcess_AWaitingEventWithoutAPaymentMethodIsRefusedAndTheNextCharges(t *testing.T) {
+	f := newProviderFixture(t, "stripe")
+	first, err := order.New(111, 1, order.Money{Minor: 500, Currency: "EUR"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, _ := order.New(111, 2, order.Money{Minor: 500, Currency: "EUR"}, time.Now())
+	third, _ := order.New(111, 3, order.Money{Minor: 500, Currency: "EUR"}, time.Now())
+	if err := wallet.Save(context.Background(), f.db, "stripe", []wallet.Method{{CustomerID: 1, CustomerRef: "cus_1", PaymentMethodRef: "pm_1"}, {CustomerID: 3, CustomerRef: "cus_3", PaymentMethodRef: "pm_3"}}); err != nil {
+		t.Fatal(err)
+	}
+	f.payer.answer(first.ID.String(), processing("pi_111"))
+	for _, ev := range []order.Event{first, second, third} {
+		process(t, f.proc, marshal(t, ev))
+	}
+	if _, err := f.proc.Notify(context.Background(), []payment.Notification{notified(first.ID.String(), payment.Declined, "pi_111")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.status(t, second.ID); got != "rejected" {
+		t.Errorf("the second event's attempt is %q, want rejected (no payment method)", got)
+	}
+	if got := f.status(t, third.ID); got != "pending" {
+		t.Errorf("the third event's attempt is %q, want pending (the order's next attempt)", got)
+	}
+	if got := f.count(t, `SELECT count(*) FROM outbox WHERE causation_id = $1 AND event_type = 'payment.failed.v1'`, second.ID); got != 1 {
+		t.Errorf("the refused event has %d payment.failed.v1, want 1", got)
+	}
+	if got := f.counted(metrics.OutcomeInvalid); got != 1 {
+		t.Errorf("billing_events_total{invalid} = %v, want 1", got)
 	}
 }

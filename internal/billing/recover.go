@@ -185,8 +185,8 @@ func (r *Recoverer) Report(ctx context.Context) (RecoveryReport, error) {
 		if rep.Expired, err = charge.PendingBefore(ctx, s.db, window, maxExpiredListed); err != nil {
 			return rep, err
 		}
-		s.log.Error("charge attempts unanswered for longer than the provider's idempotency window; they are not retried blindly: reconcile them with the provider and record their outcome",
-			"count", st.Expired, "window", window.String(), "event_ids", rep.Expired)
+		s.log.Error("charge attempts unanswered for longer than the provider's idempotency window; they are never sent again, only looked up: those the provider cannot find need a human (docs/operations.md, an unresolved charge attempt)",
+			"count", st.Expired, "unresolved", st.Unresolved, "window", window.String(), "event_ids", rep.Expired)
 	}
 	return rep, nil
 }
@@ -256,12 +256,22 @@ func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *Recove
 	}
 	wg.Wait()
 	var answered []*call
+	var failed []error
 	for _, c := range calls {
+		if c.lookupErr != nil {
+			failed = append(failed, c.lookupErr)
+		}
 		if c.sent {
 			answered = append(answered, c)
 		} else {
 			s.abandon(c, c.err)
 		}
+	}
+	if len(failed) > 0 {
+		// Once per run, not once per attempt: a provider that cannot be
+		// asked fails every lookup of the run the same way.
+		s.log.Warn("cannot look charge attempts up at the provider; they are looked up again later (billing_payment_lookups_total{result=\"error\"})",
+			"failed", len(failed), "looked_up", len(calls), "err", failed[0])
 	}
 	r.settle(ctx, answered)
 	for _, c := range answered {
@@ -281,6 +291,7 @@ func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *Recove
 // pause that grows with its age (a bank debit takes days); a pending one
 // past the window is left as it is.
 func (r *Recoverer) looked(c *call, out payment.Outcome, err error, now time.Time) {
+	c.lookupErr = err
 	age := now.Sub(c.a.CreatedAt)
 	next := now.Add(min(max(age/10, r.s.resolveAfter), maxLookupPause))
 	switch {

@@ -257,13 +257,14 @@ func rejectText(out payment.Outcome) string {
 }
 
 // countDeferred counts the outcome of a deferred attempt, whose message
-// was finished before it was known.
+// was finished before it was known. A refused one is counted invalid, as
+// every event that ends in payment.failed.v1 is, although its message was
+// committed and cannot be parked any more.
 func (s *settler) countDeferred(status string) {
-	switch status {
-	case charge.Succeeded:
-		s.metrics.Events.WithLabelValues(metrics.OutcomeCharged).Inc()
-	case charge.Declined:
-		s.metrics.Events.WithLabelValues(metrics.OutcomeDeclined).Inc()
+	label := map[string]string{charge.Succeeded: metrics.OutcomeCharged, charge.Declined: metrics.OutcomeDeclined,
+		charge.Rejected: metrics.OutcomeInvalid}[status]
+	if label != "" {
+		s.metrics.Events.WithLabelValues(label).Inc()
 	}
 }
 

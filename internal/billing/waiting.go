@@ -29,11 +29,18 @@ import (
 type waiterCounts struct {
 	alreadyCharged int
 	promoted       int
+	// refused are events without a payment method, announced failed: their
+	// messages were committed, so they are counted invalid without a
+	// dead-letter message.
+	refused int
 }
 
 func (w waiterCounts) count(m *metrics.Metrics) {
 	if w.alreadyCharged > 0 {
 		m.Events.WithLabelValues(metrics.OutcomeAlreadyCharged).Add(float64(w.alreadyCharged))
+	}
+	if w.refused > 0 {
+		m.Events.WithLabelValues(metrics.OutcomeInvalid).Add(float64(w.refused))
 	}
 }
 
@@ -91,6 +98,7 @@ func (s *settler) decideWaiters(ctx context.Context, tx *sqlx.Tx, changed []char
 					s.log.Error("an event that waited for its order's payment cannot be charged: the customer has no payment method; its payment.failed.v1 is published, and the order event must be published again once the card is imported",
 						"event_id", w.EventID.String(), "order_id", w.OrderID, "customer_id", w.CustomerID)
 					attempts, decided = append(attempts, a), append(decided, w)
+					done.refused++
 					continue // the next waiter may be charged
 				}
 				a.CustomerRef, a.PaymentMethodRef = &m.CustomerRef, &m.PaymentMethodRef

@@ -106,15 +106,15 @@ func (p Payment) API() API { return API(p) }
 // PaymentLimits are the provider settings besides its address, which
 // maintain shares with serve.
 type PaymentLimits struct {
-	APIKey  string        `env:"PAYMENT_API_KEY" help:"sent as Authorization: Bearer <key> (contract, stripe) or X-API-Key (adyen); never logged"`
+	APIKey  string        `env:"PAYMENT_API_KEY" help:"sent as Authorization: Bearer <key> (contract; stripe: a restricted key rk_... with PaymentIntents Write, or the secret key sk_...) or X-API-Key (adyen: the API key of a web service user with the Checkout webservice role); never logged"`
 	Timeout time.Duration `env:"PAYMENT_TIMEOUT" envDefault:"10s" help:"timeout of one provider request"`
 	// MaxConcurrency bounds the provider requests in flight, whole process.
 	// Sized for a provider answering in 500 ms: 1,024 in flight carry about
 	// 2,000 charges a second.
 	MaxConcurrency int `env:"PAYMENT_MAX_CONCURRENCY" envDefault:"1024" help:"provider requests in flight, whole process (at 500 ms a provider answer, up to ~2,000 charges/s); MAX_IN_FLIGHT and PAYMENT_MAX_RPS bound them too"`
-	// MaxRPS bounds the provider requests per second, whole process (a
-	// token bucket); 0 is unlimited.
-	MaxRPS float64 `env:"PAYMENT_MAX_RPS" envDefault:"0" help:"provider requests per second, whole process (token bucket); 0 is unlimited; set it to the provider's limit (Stripe: 100)"`
+	// MaxRPS bounds the provider requests per second of this process (a
+	// token bucket: each replica has its own); 0 is unlimited.
+	MaxRPS float64 `env:"PAYMENT_MAX_RPS" envDefault:"0" help:"provider requests per second of this process, lookups included (a token bucket: N replicas send up to N times it); 0 is unlimited. Stripe allows 25 requests/s per endpoint by default, and 100 operations/s per account live (25 in test mode): set about 25 divided by the replicas"`
 	// IdempotencyWindow is how long the provider keeps an idempotency key.
 	// A charge attempt older than that is never sent again: asking again
 	// could charge twice. It is looked up at the provider instead, and

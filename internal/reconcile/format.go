@@ -23,8 +23,8 @@ func WriteText(w io.Writer, rep Report) error {
 	fmt.Fprintf(&b, "window   %s .. %s (provider read %s .. %s)\n",
 		ts(rep.Window.From), ts(rep.Window.To), ts(rep.Lookup.From), ts(rep.Lookup.To))
 	fmt.Fprintf(&b, "in window: %d charge rows, %d provider charges\n", s.Records, s.Charges)
-	fmt.Fprintf(&b, "matched %d, declined or rejected (not expected at the provider) %d, missing at provider %d, missing in database %d, mismatched %d, pending %d\n",
-		s.Matched, s.Declined+s.Rejected, s.MissingAtProvider, s.MissingInDB, s.Mismatched, s.Pending)
+	fmt.Fprintf(&b, "matched %d, declined or rejected (not expected at the provider) %d, missing at provider %d, missing in database %d, mismatched %d, pending %d, in progress (settled by billing later) %d\n",
+		s.Matched, s.Declined+s.Rejected, s.MissingAtProvider, s.MissingInDB, s.Mismatched, s.Pending, s.InProgress)
 	for _, d := range rep.Discrepancies {
 		switch d.Kind {
 		case MissingAtProvider:

@@ -139,6 +139,12 @@ type Summary struct {
 	Mismatched        int `json:"mismatched"`
 	// Pending attempts have no recorded answer (see Pending).
 	Pending int `json:"pending"`
+	// InProgress attempts are payments the provider holds without a
+	// verdict billing has recorded yet: billing settles them itself, by
+	// the provider's webhook or a lookup, so they are no discrepancy (a
+	// charge the provider already made for one is paired with it, not
+	// missing in the database).
+	InProgress int `json:"inProgress"`
 }
 
 // Discrepancies is the number of charges the sides disagree on, or whose
@@ -218,6 +224,10 @@ func Compare(w Window, records []Record, charges []Charge) Report {
 		c := pairOf[r]
 		if !w.Contains(r.CreatedAt) && (c == nil || !w.Contains(c.Created)) {
 			continue // neither side in the window: another window's pair
+		}
+		if r.Status == charge.InProgress {
+			rep.Summary.InProgress++
+			continue
 		}
 		if r.Status == charge.Pending {
 			d := Discrepancy{Kind: Pending, Key: r.EventID, Record: r, Charge: c,

@@ -82,6 +82,17 @@ func TestCompare(t *testing.T) {
 			wantDisc: []string{"pending"},
 		},
 		{
+			name:    "in-progress attempt the provider charged meanwhile",
+			records: []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status, r.ProviderChargeID = charge.InProgress, "ch_"+key1 })},
+			charges: []reconcile.Charge{chg(key1, mid)},
+			want:    reconcile.Summary{Records: 1, Charges: 1, InProgress: 1},
+		},
+		{
+			name:    "in-progress attempt the provider holds without a verdict",
+			records: []reconcile.Record{with(declined, func(r *reconcile.Record) { r.Status = charge.InProgress })},
+			want:    reconcile.Summary{Records: 1, InProgress: 1},
+		},
+		{
 			name:     "row without provider charge",
 			records:  []reconcile.Record{rec(key1, mid)},
 			want:     reconcile.Summary{Records: 1, MissingAtProvider: 1},
