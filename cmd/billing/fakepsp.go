@@ -32,10 +32,19 @@ PAYMENT_BASE_URL=http://<addr>, and at the provider it speaks
             processing then succeeds, ...), stored 500s, and the lookups
             GET /v1/payment_intents/{id}, /v1/payment_intents (list) and
             /v1/payment_intents/search (metadata, lagging --search-lag)
+  adyen     Adyen's Checkout API: POST /payments under the version's root
+            (PAYMENT_BASE_URL=http://<addr>/v71), a stored card, X-API-Key;
+            outcomes chosen by storedPaymentMethodId (any id is
+            Authorised, stored_refused and stored_notEnoughBalance are
+            Refused, stored_pending is Pending then Authorised, ...), the
+            stored first answer replayed under a key, 704 while in flight;
+            no lookup and no list, as at Adyen
 
 With --webhook-url, outcomes are also posted there, signed with
-PAYMENT_WEBHOOK_SECRET (Stripe-Signature, or the contract's Signature),
-and retried until answered 2xx; the --webhook-* rates inject faults.
+PAYMENT_WEBHOOK_SECRET (Stripe-Signature, the contract's Signature, or
+Adyen's HMAC of each item with the hex key), and retried until answered
+2xx (Adyen: until [accepted]; its items go in batches, those ready within
+--webhook-batch-wait together); the --webhook-* rates inject faults.
 The package documentation of internal/dev/fakepsp tells every rule.
 
 Besides the provider's routes it serves, for tests and for looking around:
@@ -53,8 +62,11 @@ Runs until SIGINT or SIGTERM.`
 
 // fakepspConfig is what fakepsp reads from the environment.
 type fakepspConfig struct {
-	APIKey        string `env:"PAYMENT_API_KEY" help:"when set, POST /v1/charges (contract) and every /v1 route (stripe) require Authorization: Bearer <key>, as billing sends it"`
-	WebhookSecret string `env:"PAYMENT_WEBHOOK_SECRET" help:"signs the webhooks (HMAC-SHA256); comma-separated, each secret adds a v1 signature, as while one is rolled; required with --webhook-url"`
+	APIKey        string `env:"PAYMENT_API_KEY" help:"when set, POST /v1/charges (contract) and every /v1 route (stripe) require Authorization: Bearer <key>, and POST /payments (adyen) X-API-Key: <key>, as billing sends it"`
+	WebhookSecret string `env:"PAYMENT_WEBHOOK_SECRET" help:"signs the webhooks (HMAC-SHA256); comma-separated, each secret adds a v1 signature, as while one is rolled (adyen: hex keys, the first signs); required with --webhook-url"`
+	// MerchantAccount is the one billing charges for: the fake refuses
+	// others, as Adyen refuses an account the API key is not for.
+	MerchantAccount string `env:"ADYEN_MERCHANT_ACCOUNT" help:"adyen: when set, the only merchantAccount POST /payments takes (403 errorCode 901 otherwise)"`
 }
 
 // Validate accepts any key and any secret.
@@ -65,10 +77,11 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	var cfg fakepspConfig
 	fs := newFlagSet("fakepsp", about{synopsis: "[flags]", description: fakepspHelp, env: &cfg,
 		example: "billing fakepsp --decline-every 20 --latency 50ms --fail-rate 0.1\n" +
-			"  PAYMENT_WEBHOOK_SECRET=whsec_dev billing fakepsp --profile stripe --webhook-url http://127.0.0.1:8090/webhooks/stripe --stored-500-rate 0.05"})
+			"  PAYMENT_WEBHOOK_SECRET=whsec_dev billing fakepsp --profile stripe --webhook-url http://127.0.0.1:8090/webhooks/stripe --stored-500-rate 0.05\n" +
+			"  PAYMENT_WEBHOOK_SECRET=44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056 billing fakepsp --profile adyen --webhook-url http://127.0.0.1:8090/webhooks/adyen"})
 	addr := fs.String("addr", "127.0.0.1:8081", "address to listen on")
 	var opts fakepsp.Options
-	fs.StringVar(&opts.Profile, "profile", fakepsp.ProfileContract, "the provider's API: contract or stripe")
+	fs.StringVar(&opts.Profile, "profile", fakepsp.ProfileContract, "the provider's API: contract, stripe or adyen")
 	fs.DurationVar(&opts.Latency, "latency", 0, "added to every charge request before it is answered")
 	fs.Float64Var(&opts.FailRate, "fail-rate", 0, "probability of answering 503 without doing anything, in [0, 1]")
 	fs.Float64Var(&opts.ResetRate, "reset-rate", 0, "probability of charging and then resetting the connection without answering, in [0, 1]")
@@ -76,8 +89,8 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	fs.IntVar(&opts.RateLimit, "rate-limit", 0, "answer 429 beyond this many requests a second (contract: with Retry-After: 1; stripe: without); 0 is unlimited")
 	fs.Int64Var(&opts.Seed, "seed", 1, "seed of the fault randomness, so that runs replay")
 	fs.Int64Var(&opts.ProcessingEvery, "processing-every", 0, "contract: answer 202 processing to orders whose id is a multiple of this, decided later; 0 never")
-	fs.DurationVar(&opts.ProcessingDelay, "processing-delay", 2*time.Second, "how long a processing payment (contract, stripe debit) waits for its verdict")
-	fs.DurationVar(&opts.IdempotencyTTL, "idempotency-ttl", fakepsp.DefaultIdempotencyTTL, "how long an answer is kept under its Idempotency-Key; a key used again later is new")
+	fs.DurationVar(&opts.ProcessingDelay, "processing-delay", 2*time.Second, "how long a processing payment (contract, stripe debit, adyen Pending or Received) waits for its verdict")
+	fs.DurationVar(&opts.IdempotencyTTL, "idempotency-ttl", 0, "how long an answer is kept under its Idempotency-Key; a key used again later is new; 0: the provider's (24h contract and stripe, 744h adyen)")
 	fs.StringVar(&opts.StripeVersion, "stripe-version", "", "stripe: the only Stripe-Version accepted (400 otherwise) and the events' api_version; empty accepts any")
 	fs.Float64Var(&opts.Stored500Rate, "stored-500-rate", 0, "stripe: probability that a new key's answer is a stored 500 while its PaymentIntent is created anyway, in [0, 1]")
 	fs.Float64Var(&opts.Stored500DropRate, "stored-500-drop-rate", 0, "stripe: probability that an event of a PaymentIntent answered with a stored 500 is never sent, in [0, 1]")
@@ -90,6 +103,7 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	fs.Float64Var(&opts.WebhookForgeRate, "webhook-forge-rate", 0, "probability that a forged copy (bad signature, half of them claiming the opposite outcome) is posted too, in [0, 1]")
 	fs.Float64Var(&opts.WebhookStaleRate, "webhook-stale-rate", 0, "probability that a copy signed ten minutes ago is posted too, in [0, 1]")
 	fs.Float64Var(&opts.WebhookDropRate, "webhook-drop-rate", 0, "probability that a webhook is never sent, in [0, 1]")
+	fs.DurationVar(&opts.WebhookBatchWait, "webhook-batch-wait", fakepsp.DefaultWebhookBatchWait, "adyen: how long the first notification item ready waits for others to join its batch (at most six items)")
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
@@ -99,7 +113,12 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
-	opts.APIKey, opts.WebhookSecret = cfg.APIKey, cfg.WebhookSecret
+	opts.APIKey, opts.WebhookSecret, opts.AdyenMerchantAccount = cfg.APIKey, cfg.WebhookSecret, cfg.MerchantAccount
+	if err := opts.Validate(); err != nil {
+		// The secret is the environment's: Validate checks that Adyen's
+		// keys are hex, never showing them.
+		return fmt.Errorf("fakepsp: PAYMENT_WEBHOOK_SECRET: %w", err)
+	}
 	if err := checkWebhookURL(opts); err != nil {
 		return fmt.Errorf("fakepsp: %w", err)
 	}

@@ -61,6 +61,33 @@ func postIntent(t *testing.T, base, pm, key string) int {
 	return resp.StatusCode
 }
 
+// postAdyenPayment makes an Adyen payment with stored payment method pm,
+// under the Checkout API's versioned root, and returns the status and the
+// resultCode, 0 when the connection failed.
+func postAdyenPayment(t *testing.T, base, apiKey, pm, key string) (int, string) {
+	t.Helper()
+	body := `{"merchantAccount":"BillingECOM","amount":{"value":1999,"currency":"EUR"},"reference":"` + key + `","merchantOrderReference":"1",` +
+		`"shopperReference":"shopper-7","paymentMethod":{"type":"scheme","storedPaymentMethodId":"` + pm + `"},` +
+		`"shopperInteraction":"ContAuth","recurringProcessingModel":"UnscheduledCardOnFile"}`
+	req, err := http.NewRequest(http.MethodPost, base+"/v71/payments", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("X-API-Key", apiKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	var a struct {
+		ResultCode string `json:"resultCode"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&a)
+	return resp.StatusCode, a.ResultCode
+}
+
 func pspStats(t *testing.T, base string) fakepsp.Stats {
 	t.Helper()
 	code, body := get(strings.TrimPrefix(base, "http://"), "/_stats")
@@ -145,6 +172,23 @@ func TestFakepsp_ServesWithTheFaultsOfItsFlags(t *testing.T) {
 				t.Errorf("stripe stats %+v: want one succeeded, one declined", st.Stripe)
 			}
 		}},
+		{"AdyenProfile", []string{"--profile", "adyen"}, map[string]string{"PAYMENT_API_KEY": "AQE_env", "ADYEN_MERCHANT_ACCOUNT": "BillingECOM"}, func(t *testing.T, base string) {
+			if got, rc := postAdyenPayment(t, base, "AQE_env", "8415718415172200", "k-1"); got != http.StatusOK || rc != "Authorised" {
+				t.Errorf("a stored card: %d %s, want 200 Authorised", got, rc)
+			}
+			if got, rc := postAdyenPayment(t, base, "AQE_env", "stored_refused", "k-2"); got != http.StatusOK || rc != "Refused" {
+				t.Errorf("stored_refused: %d %s, want 200 Refused", got, rc)
+			}
+			if got, _ := postAdyenPayment(t, base, "wrong", "8415718415172200", "k-3"); got != http.StatusUnauthorized {
+				t.Errorf("another X-API-Key: %d, want 401", got)
+			}
+			if got := postIntent(t, base, "pm_card_visa", "k-4"); got != http.StatusNotFound {
+				t.Errorf("POST /v1/payment_intents in the adyen profile: %d, want 404", got)
+			}
+			if st := pspStats(t, base); st.Adyen.Authorised != 1 || st.Adyen.Refused != 1 || st.Adyen.Unauthorized != 1 {
+				t.Errorf("adyen stats %+v: want one authorised, one refused, one unauthorized", st.Adyen)
+			}
+		}},
 		{"Stored500Rate1", []string{"--profile", "stripe", "--stored-500-rate", "1"}, nil, func(t *testing.T, base string) {
 			if got := postIntent(t, base, "pm_card_visa", "k-1"); got != http.StatusInternalServerError {
 				t.Errorf("--stored-500-rate 1: %d, want 500", got)
@@ -179,7 +223,8 @@ func TestFakepsp_RejectsBadFlags(t *testing.T) {
 		{"--webhook-secret", "wh"}, // likewise
 		{"--addr", "not an address"},
 		{"positional"},
-		{"--profile", "adyen"},
+		{"--profile", "paypal"},
+		{"--webhook-batch-wait", "-1s"},
 		{"--processing-every", "-1"},
 		{"--stored-500-rate", "2"},
 		{"--webhook-forge-rate", "-1"},
@@ -193,6 +238,13 @@ func TestFakepsp_RejectsBadFlags(t *testing.T) {
 			t.Errorf("fakepsp %v succeeded", args)
 		}
 	}
+	// Adyen's HMAC keys are hex; the error does not show the secret.
+	var out syncBuffer
+	err := run(t.Context(), []string{"billing", "fakepsp", "--addr", "127.0.0.1:0", "--profile", "adyen"},
+		map[string]string{"PAYMENT_WEBHOOK_SECRET": "whsec_s3cret"}, nil, &out, &out)
+	if err == nil || strings.Contains(err.Error(), "whsec_s3cret") || !strings.Contains(err.Error(), "PAYMENT_WEBHOOK_SECRET") {
+		t.Errorf("--profile adyen with a secret that is not hex: %v", err)
+	}
 	var help syncBuffer
 	if err := run(t.Context(), []string{"billing", "fakepsp", "-h"}, nil, nil, &help, &help); err != nil {
 		t.Fatalf("fakepsp -h: %v", err)
@@ -200,7 +252,7 @@ func TestFakepsp_RejectsBadFlags(t *testing.T) {
 	for _, want := range []string{"PAYMENT_API_KEY", "PAYMENT_WEBHOOK_SECRET", "-latency", "-fail-rate", "-reset-rate", "-decline-every", "-seed", "-addr",
 		"-profile", "-processing-every", "-processing-delay", "-idempotency-ttl", "-stripe-version", "-stored-500-rate",
 		"-stored-500-drop-rate", "-search-lag", "-webhook-url", "-webhook-delay-min", "-webhook-delay-max", "-webhook-retry-max",
-		"-webhook-repeat-rate", "-webhook-forge-rate", "-webhook-stale-rate", "-webhook-drop-rate"} {
+		"-webhook-repeat-rate", "-webhook-forge-rate", "-webhook-stale-rate", "-webhook-drop-rate", "-webhook-batch-wait", "ADYEN_MERCHANT_ACCOUNT"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("help lacks %q", want)
 		}

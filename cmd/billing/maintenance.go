@@ -16,6 +16,7 @@ import (
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/adyen"
 	"example.com/billing/internal/payment/contract"
 	"example.com/billing/internal/payment/stripe"
 	"example.com/billing/internal/postgres"
@@ -147,32 +148,45 @@ func recoverInterval(after time.Duration) time.Duration {
 	return min(max(after/4, 5*time.Second), time.Minute)
 }
 
-// newPayer returns the provider's client of serve and maintain, from the
-// provider's settings both read: provider is PAYMENT_PROVIDER, base
-// PAYMENT_BASE_URL, tp traces its calls (nil: none).
-func newPayer(provider, base string, limits config.PaymentLimits, tp trace.TracerProvider, m *metrics.Metrics) *payment.Client {
+// newPayer returns the provider's client of serve, maintain and
+// reconcile, from the provider's settings they read; tp traces its calls
+// (nil: none).
+func newPayer(api config.API, tp trace.TracerProvider, m *metrics.Metrics) *payment.Client {
 	cfg := payment.Config{
-		Timeout:        limits.Timeout,
-		MaxConcurrency: limits.MaxConcurrency,
-		MaxRPS:         limits.MaxRPS,
+		Timeout:        api.Timeout,
+		MaxConcurrency: api.MaxConcurrency,
+		MaxRPS:         api.MaxRPS,
 		TracerProvider: tp,
 	}
 	var proto payment.Protocol
-	switch provider {
+	switch api.Provider {
 	case config.ProviderStripe:
-		proto, cfg.Wallet = stripe.New(base, limits.APIKey), config.ProviderStripe
+		proto, cfg.Wallet = stripe.New(api.BaseURL, api.APIKey), config.ProviderStripe
+	case config.ProviderAdyen:
+		proto = adyen.New(api.BaseURL, api.APIKey, api.MerchantAccount, api.IdempotencyWindow)
+		cfg.Wallet = config.ProviderAdyen
 	default:
-		proto = contract.New(base, limits.APIKey)
+		proto = contract.New(api.BaseURL, api.APIKey)
 	}
 	return payment.New(proto, cfg, m)
 }
 
 // webhookOf is the provider's notifications' reader, verifying with
-// secrets; nil when the contract has no secret (its webhook is off).
-func webhookOf(provider string, secrets []string) payment.Webhook {
+// PAYMENT_WEBHOOK_SECRET; nil when the contract has no secret (its webhook
+// is off). Adyen's items that do not verify in a batch that is taken are
+// counted as refused and logged.
+func webhookOf(cfg config.Serve, m *metrics.Metrics, log *slog.Logger) payment.Webhook {
+	secrets := cfg.Webhooks.Secrets
 	switch {
-	case provider == config.ProviderStripe:
+	case cfg.Payment.Provider == config.ProviderStripe:
 		return stripe.Webhook{Secrets: secrets}
+	case cfg.Payment.Provider == config.ProviderAdyen:
+		return adyen.Webhook{Keys: secrets, MerchantAccount: cfg.Payment.MerchantAccount,
+			Ignored: func(pspReference string, err error) {
+				m.Webhooks.WithLabelValues("refused").Inc()
+				log.Warn("ignored an Adyen notification item that does not verify; the rest of its batch is taken",
+					"provider", cfg.Payment.Provider, "psp_reference", pspReference, "err", err)
+			}}
 	case len(secrets) > 0:
 		return contract.Webhook{Secrets: secrets}
 	}

@@ -41,7 +41,8 @@ const importHelp = `
 Reads CSV from standard input, with the header
 customer_id,customer_ref,payment_method_ref, and upserts each row as the
 saved payment method that pays for the customer at PAYMENT_PROVIDER
-(Stripe: cus_... and pm_...). Quoted fields (RFC 4180) and CRLF or LF line
+(Stripe: cus_... and pm_...; Adyen: the shopperReference and the stored
+card's storedPaymentMethodId). Quoted fields (RFC 4180) and CRLF or LF line
 ends are read. Every row is checked first: one bad row (not a positive
 customer id, an empty or malformed reference, a customer twice) aborts the
 whole import, naming its line, and nothing is written. The rows are written

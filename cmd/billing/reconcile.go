@@ -11,6 +11,7 @@ import (
 
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/notified"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/reconcile"
 )
@@ -31,6 +32,17 @@ provider. A pending row (an attempt whose answer is not recorded; serve
 and billing maintain complete them) is reported with the provider's charge
 if it has one: past PAYMENT_IDEMPOTENCY_WINDOW it is never retried and
 needs a human.
+
+Adyen (PAYMENT_PROVIDER=adyen) has no API that lists payments: its side
+is the AUTHORISATION notifications serve verified and kept (table
+notified_payment), each payment's verdict, amount, currency and
+pspReference as Adyen signed them; Adyen is not asked. A row succeeded
+whose authorisation was never notified (the webhook endpoint refused or
+unreachable for longer than Adyen retries) shows as missing at the
+provider; an authorisation notified for a row billing recorded otherwise,
+or for no row, as a mismatch or missing in the database. It cannot tell
+what became of the money after the authorisation (captures, refunds,
+chargebacks): that is in Adyen's settlement reports.
 
 Exits 0 when both sides agree, 2 when they differ, 1 when it could not
 run; the report is on stdout either way.`
@@ -103,8 +115,15 @@ func reconcileCmd(ctx context.Context, args []string, environ map[string]string,
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer db.Close()
-	ledger := newPayer(cfg.Payment.Provider, cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, nil, metrics.New(prometheus.NewRegistry()))
-	defer ledger.Close()
+	var ledger reconcile.Ledger
+	if cfg.Payment.Provider == config.ProviderAdyen {
+		log.Info("Adyen has no API that lists payments: its side is the AUTHORISATION notifications billing kept (notified_payment)")
+		ledger = notified.NewStore(db, cfg.Payment.Provider)
+	} else {
+		client := newPayer(cfg.Payment.API(), nil, metrics.New(prometheus.NewRegistry()))
+		defer client.Close()
+		ledger = client
+	}
 
 	rep, err := reconcile.Reconcile(ctx, reconcile.NewStore(db), ledger, win, reconcile.Options{Slack: *slack})
 	if err != nil {

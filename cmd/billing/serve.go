@@ -26,7 +26,9 @@ import (
 	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/kafkaacl"
 	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/notified"
 	"example.com/billing/internal/outbox"
+	"example.com/billing/internal/payment"
 	"example.com/billing/internal/postgres"
 	"example.com/billing/internal/schema"
 	"example.com/billing/internal/server"
@@ -149,13 +151,13 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 
 	// The provider's client outlives the background work that charges
 	// through it (maintenance's recovery), which stops first.
-	payer := newPayer(cfg.Payment.Provider, cfg.Payment.BaseURL, cfg.Payment.PaymentLimits, tp, m)
+	payer := newPayer(cfg.Payment.API(), tp, m)
 	defer payer.Close()
 	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew,
 		ProviderWindow: cfg.Payment.IdempotencyWindow, ResolveAfter: cfg.Payment.ResolveAfter}
 	processor := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
 	live.proc.Store(processor)
-	stopWebhooks, err := startWebhooks(cfg, processor, m, log, cancel)
+	stopWebhooks, err := startWebhooks(cfg, db, processor, m, log, cancel)
 	if err != nil {
 		return err
 	}
@@ -315,14 +317,34 @@ func startHTTPServers(cfg config.Serve, ready server.Readiness, reg *prometheus.
 // startWebhooks serves the provider's notifications on WEBHOOK_ADDR,
 // recorded through processor; stop shuts the listener down. The contract's
 // webhook is off without PAYMENT_WEBHOOK_SECRET: its outcomes are then
-// learnt by lookups alone.
-func startWebhooks(cfg config.Serve, processor *billing.Processor, m *metrics.Metrics, log *slog.Logger, fail context.CancelCauseFunc) (stop func(), err error) {
-	verify := webhookOf(cfg.Payment.Provider, cfg.Webhooks.Secrets)
+// learnt by lookups alone. Adyen's notified payments are kept in db too,
+// for billing reconcile: Adyen has no API that lists them.
+func startWebhooks(cfg config.Serve, db *sqlx.DB, processor *billing.Processor, m *metrics.Metrics, log *slog.Logger, fail context.CancelCauseFunc) (stop func(), err error) {
+	verify := webhookOf(cfg, m, log)
 	if verify == nil {
 		log.Info("webhooks off: no PAYMENT_WEBHOOK_SECRET; outcomes the provider decides later are learnt by lookups", "provider", cfg.Payment.Provider)
 		return func() {}, nil
 	}
-	return startHTTP("WEBHOOK_ADDR", cfg.Webhooks.Addr, webhook.NewHandler(cfg.Payment.Provider, verify, processor, m, log), log, fail)
+	var n webhook.Notifier = processor
+	if cfg.Payment.Provider == config.ProviderAdyen {
+		n = keeping{kept: notified.NewStore(db, cfg.Payment.Provider), next: processor}
+	}
+	return startHTTP("WEBHOOK_ADDR", cfg.Webhooks.Addr, webhook.NewHandler(cfg.Payment.Provider, verify, n, m, log), log, fail)
+}
+
+// keeping keeps the payments notifications describe, then records their
+// outcomes: the handler acknowledges a notification only once both are
+// committed, and a notification sent again is kept once.
+type keeping struct {
+	kept *notified.Store
+	next webhook.Notifier
+}
+
+func (k keeping) Notify(ctx context.Context, notes []payment.Notification) (billing.Noticed, error) {
+	if err := k.kept.Keep(ctx, notes); err != nil {
+		return billing.Noticed{}, err
+	}
+	return k.next.Notify(ctx, notes)
 }
 
 // startMaintenance runs the tables' upkeep in background: the retention

@@ -26,6 +26,7 @@ var runtimePrivileges = map[string][]string{
 	"billing_replica":         {"INSERT", "SELECT", "UPDATE"},
 	"charge":                  {"INSERT", "SELECT", "UPDATE"},
 	"charge_waiting":          {"DELETE", "INSERT", "SELECT"},
+	"notified_payment":        {"INSERT", "SELECT"},
 	"consumer_position":       {"INSERT", "SELECT", "UPDATE"},
 	"goose_db_version":        {"SELECT"},
 	"goose_db_version_id_seq": nil,

@@ -375,6 +375,16 @@ func TestRecover_LooksUpInProgressAttemptsNoNotificationSettled(t *testing.T) {
 	if got := f.count(t, `SELECT count(*) FROM charge WHERE event_id = $1 AND status = 'in_progress' AND resolve_at > now()`, ev.ID); got != 1 {
 		t.Fatalf("a payment still processing is not asked about later")
 	}
+	// A lookup that finds nothing says why, in the provider's words when
+	// it gives some (Adyen: not asked, past its window).
+	f.dueNow(t)
+	f.payer.knows(key, payment.Outcome{Kind: payment.Unknown, Detail: "not asked again: past the window"})
+	if _, err := f.rec.Recover(context.Background(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.count(t, `SELECT count(*) FROM charge WHERE event_id = $1 AND status = 'in_progress' AND last_error = 'lookup: not asked again: past the window'`, ev.ID); got != 1 {
+		t.Errorf("the lookup's reason is not recorded")
+	}
 	f.dueNow(t)
 	f.payer.knows(key, payment.Outcome{Kind: payment.Declined, Ref: "pi_106", Code: "insufficient_funds"})
 	if _, err := f.rec.Recover(context.Background(), time.Hour); err != nil {

@@ -342,7 +342,9 @@ func (r *Recoverer) looked(c *call, out payment.Outcome, err error, now time.Tim
 		case err != nil:
 			out = payment.Outcome{Detail: "lookup failed: " + err.Error()}
 		case out.Kind == payment.Unknown:
-			out.Detail = "lookup: the provider found no payment yet"
+			// A provider's own reason comes first: Adyen's lookup past
+			// its window asks nothing, and says so.
+			out.Detail = "lookup: " + cmp.Or(out.Detail, "the provider found no payment yet")
 		}
 		out.Kind = payment.InProgress
 		c.sent, c.out, c.next = true, out, next

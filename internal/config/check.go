@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"net"
@@ -172,9 +173,24 @@ func (p *Payment) Validate() error {
 	if p.BaseURL == "" {
 		errs.add("PAYMENT_BASE_URL", "is required with PAYMENT_PROVIDER=%s", p.Provider)
 	} else {
-		errs = append(errs, checkBaseURL(p.BaseURL)...)
+		errs = append(errs, checkBaseURL(p.Provider, p.BaseURL)...)
 	}
+	errs = append(errs, checkMerchantAccount(p.Provider, p.MerchantAccount, true)...)
 	return errors.Join(errs.err(), p.PaymentLimits.Validate())
+}
+
+// checkMerchantAccount checks ADYEN_MERCHANT_ACCOUNT: required with adyen
+// when billing speaks to Adyen (required), meaningless with another
+// provider.
+func checkMerchantAccount(provider, account string, required bool) Errors {
+	var errs Errors
+	switch {
+	case provider != ProviderAdyen && account != "":
+		errs.add("ADYEN_MERCHANT_ACCOUNT", "is set but PAYMENT_PROVIDER is %s", provider)
+	case provider == ProviderAdyen && required && strings.TrimSpace(account) == "":
+		errs.add("ADYEN_MERCHANT_ACCOUNT", "is required with PAYMENT_PROVIDER=adyen")
+	}
+	return errs
 }
 
 // normalize fills in the provider's idempotency window, and Stripe's
@@ -190,17 +206,18 @@ func (p *OptionalPayment) normalize() {
 func (p *OptionalPayment) Validate() error {
 	errs := checkProvider(p.Provider)
 	if p.BaseURL != "" {
-		errs = append(errs, checkBaseURL(p.BaseURL)...)
+		errs = append(errs, checkBaseURL(p.Provider, p.BaseURL)...)
 	}
+	errs = append(errs, checkMerchantAccount(p.Provider, p.MerchantAccount, p.BaseURL != "")...)
 	return errors.Join(errs.err(), p.PaymentLimits.Validate())
 }
 
 func checkProvider(name string) Errors {
 	var errs Errors
 	switch name {
-	case ProviderContract, ProviderStripe:
+	case ProviderContract, ProviderStripe, ProviderAdyen:
 	default:
-		errs.add("PAYMENT_PROVIDER", "%q is not one of contract, stripe", name)
+		errs.add("PAYMENT_PROVIDER", "%q is not one of contract, stripe, adyen", name)
 	}
 	return errs
 }
@@ -216,10 +233,16 @@ func providerBaseURL(provider, base string) string {
 
 // providerWindow is window, or, when it is 0, how long the provider keeps
 // an idempotency key: Stripe prunes keys after at least 24 hours, and the
-// contract follows it.
+// contract follows it; Adyen keeps them at least 31 days after the first
+// request (its "API idempotency" page; earlier versions of it said 7 to
+// 14 days: an operator sets the window to the floor Adyen documents when
+// it changes).
 func providerWindow(provider string, window time.Duration) time.Duration {
-	if window != 0 {
+	switch {
+	case window != 0:
 		return window
+	case provider == ProviderAdyen:
+		return 31 * 24 * time.Hour
 	}
 	return 24 * time.Hour
 }
@@ -245,7 +268,11 @@ func (w Webhooks) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("addr", w.Addr), slog.Int("secrets", len(w.Secrets)))
 }
 
-func checkBaseURL(base string) Errors {
+// checkoutVersion is the end of the path of Adyen's Checkout API root: its
+// version, /v71.
+var checkoutVersion = regexp.MustCompile(`/v[0-9]+/?$`)
+
+func checkBaseURL(provider, base string) Errors {
 	var errs Errors
 	u, err := url.Parse(base)
 	switch {
@@ -255,6 +282,10 @@ func checkBaseURL(base string) Errors {
 		errs.add("PAYMENT_BASE_URL", "%q is not an http(s) URL", redact.DSN(base))
 	case u.User != nil:
 		errs.add("PAYMENT_BASE_URL", "must not carry credentials; use PAYMENT_API_KEY")
+	case provider == ProviderAdyen && !checkoutVersion.MatchString(u.Path):
+		// Without the version every charge would meet a 404, retried
+		// for ever.
+		errs.add("PAYMENT_BASE_URL", "%q is not Adyen's Checkout API root with its version (e.g. https://checkout-test.adyen.com/v71)", redact.DSN(base))
 	}
 	return errs
 }
@@ -295,6 +326,7 @@ func (p Payment) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("provider", p.Provider),
 		slog.String("base_url", p.BaseURL),
+		slog.String("merchant_account", p.MerchantAccount),
 		slog.String("api_key", mask(p.APIKey)),
 		slog.Duration("timeout", p.Timeout),
 		slog.Int("max_concurrency", p.MaxConcurrency),
@@ -415,8 +447,18 @@ func (s *Serve) Validate() error {
 	if _, _, err := net.SplitHostPort(s.Webhooks.Addr); err == nil && sameListener(s.Webhooks.Addr, s.HTTPAddr) {
 		errs.add("WEBHOOK_ADDR", "%q is HTTP_ADDR's listener; the provider-facing listener is apart from the internal one", s.Webhooks.Addr)
 	}
-	if s.Payment.Provider == ProviderStripe && len(s.Webhooks.Secrets) == 0 {
+	switch {
+	case s.Payment.Provider == ProviderStripe && len(s.Webhooks.Secrets) == 0:
 		errs.add("PAYMENT_WEBHOOK_SECRET", "is required with PAYMENT_PROVIDER=%s (the webhook endpoint's signing secret, whsec_...)", s.Payment.Provider)
+	case s.Payment.Provider == ProviderAdyen && len(s.Webhooks.Secrets) == 0:
+		errs.add("PAYMENT_WEBHOOK_SECRET", "is required with PAYMENT_PROVIDER=%s (the webhook endpoint's HMAC key, in hex)", s.Payment.Provider)
+	case s.Payment.Provider == ProviderAdyen:
+		for i, secret := range s.Webhooks.Secrets {
+			// Never the key itself in the message: it is a secret.
+			if b, err := hex.DecodeString(strings.TrimSpace(secret)); err != nil || len(b) == 0 {
+				errs.add("PAYMENT_WEBHOOK_SECRET", "key %d of %d is not hex (Adyen's HMAC keys are shown in hex in its Customer Area)", i+1, len(s.Webhooks.Secrets))
+			}
+		}
 	}
 	return errors.Join(s.Kafka.Validate(), s.Database.Validate(), s.Payment.Validate(), s.Webhooks.Validate(), s.Consumer.Validate(),
 		s.Dedup.Validate(), s.Outbox.Validate(), s.Maintenance.Validate(), s.Log.Validate(), errs.err())
@@ -463,7 +505,7 @@ func (m *Migrate) Validate() error {
 func (p *PaymentMethods) Validate() error {
 	errs := checkProvider(p.Provider)
 	if len(errs) == 0 && p.Provider == ProviderContract {
-		errs.add("PAYMENT_PROVIDER", "is contract, which charges by customer id and keeps no payment methods; set the provider whose methods these are (stripe)")
+		errs.add("PAYMENT_PROVIDER", "is contract, which charges by customer id and keeps no payment methods; set the provider whose methods these are (stripe, adyen)")
 	}
 	return errors.Join(p.Database.Validate(), errs.err(), p.Log.Validate())
 }

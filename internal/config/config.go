@@ -73,6 +73,8 @@ const (
 	ProviderContract = "contract"
 	// ProviderStripe is Stripe's PaymentIntents API.
 	ProviderStripe = "stripe"
+	// ProviderAdyen is Adyen's Checkout API.
+	ProviderAdyen = "adyen"
 )
 
 // StripeBaseURL is PAYMENT_BASE_URL's default for Stripe.
@@ -80,15 +82,31 @@ const StripeBaseURL = "https://api.stripe.com"
 
 // Payment holds the payment provider settings.
 type Payment struct {
-	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract (billing's own, POST {base}/v1/charges) or stripe (PaymentIntents, off-session)"`
-	BaseURL  string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; required for contract; stripe: https://api.stripe.com when unset"`
+	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract (billing's own, POST {base}/v1/charges), stripe (PaymentIntents, off-session) or adyen (Checkout /payments, stored cards)"`
+	BaseURL  string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; required for contract and adyen (the Checkout API root with its version, e.g. https://checkout-test.adyen.com/v71); stripe: https://api.stripe.com when unset"`
+	// MerchantAccount is the Adyen merchant account the charges are
+	// made for, and whose notifications billing acts on.
+	MerchantAccount string `env:"ADYEN_MERCHANT_ACCOUNT" help:"adyen: the merchant account billing charges for (required); notifications of other merchant accounts are ignored"`
 	PaymentLimits
 }
+
+// API is what a provider's client is built from: which API, where, for
+// which merchant account, within which limits.
+type API struct {
+	Provider        string
+	BaseURL         string
+	MerchantAccount string
+	PaymentLimits
+}
+
+// API is the provider's client settings. Payment's fields are API's, tags
+// aside: the conversion stops compiling should they part.
+func (p Payment) API() API { return API(p) }
 
 // PaymentLimits are the provider settings besides its address, which
 // maintain shares with serve.
 type PaymentLimits struct {
-	APIKey  string        `env:"PAYMENT_API_KEY" help:"sent as Authorization: Bearer <key> (stripe: a restricted key rk_... with PaymentIntents Write, or the secret key sk_...); never logged"`
+	APIKey  string        `env:"PAYMENT_API_KEY" help:"sent as Authorization: Bearer <key> (contract; stripe: a restricted key rk_... with PaymentIntents Write, or the secret key sk_...) or X-API-Key (adyen: the API key of a web service user with the Checkout webservice role); never logged"`
 	Timeout time.Duration `env:"PAYMENT_TIMEOUT" envDefault:"10s" help:"timeout of one provider request"`
 	// MaxConcurrency bounds the provider requests in flight, whole process.
 	// Sized for a provider answering in 500 ms: 1,024 in flight carry about
@@ -102,7 +120,7 @@ type PaymentLimits struct {
 	// could charge twice. It is looked up at the provider instead, and
 	// reported for a human when the provider cannot tell. 0: the
 	// provider's own (Load fills it in).
-	IdempotencyWindow time.Duration `env:"PAYMENT_IDEMPOTENCY_WINDOW" envDefault:"0" help:"how long the provider keeps an idempotency key (0: the provider's, 24h for contract and stripe); a pending charge attempt older than that is never sent again, only looked up"`
+	IdempotencyWindow time.Duration `env:"PAYMENT_IDEMPOTENCY_WINDOW" envDefault:"0" help:"how long the provider keeps an idempotency key (0: the provider's, 24h for contract and stripe, 744h = 31 days for adyen); a pending charge attempt older than that is never sent again, only looked up (adyen: never asked about again, for a human)"`
 	// ResolveAfter is how long a payment the provider holds without a
 	// verdict (in_progress) waits for the provider's notification before
 	// billing asks the provider about it; later lookups of the same
@@ -121,16 +139,20 @@ type PaymentLimits struct {
 // and looks up those whose outcome is unknown, without it only reports
 // them.
 type OptionalPayment struct {
-	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract or stripe"`
-	BaseURL  string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; when set (stripe: when PAYMENT_API_KEY is set), maintain completes the charge attempts left pending and looks up those whose outcome is unknown, else it only reports them"`
+	Provider        string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract, stripe or adyen"`
+	BaseURL         string `env:"PAYMENT_BASE_URL" help:"the provider's base URL; when set (stripe: when PAYMENT_API_KEY is set), maintain completes the charge attempts left pending and looks up those whose outcome is unknown, else it only reports them"`
+	MerchantAccount string `env:"ADYEN_MERCHANT_ACCOUNT" help:"adyen: the merchant account billing charges for; required with PAYMENT_BASE_URL"`
 	PaymentLimits
 }
+
+// API is the provider's client settings (a conversion, as Payment's).
+func (p OptionalPayment) API() API { return API(p) }
 
 // Webhooks is where the provider's notifications come in.
 type Webhooks struct {
 	// Secrets verify the notifications' signatures: several during a
 	// rotation, any one of which may verify.
-	Secrets []string `env:"PAYMENT_WEBHOOK_SECRET" envSeparator:"," help:"the webhook signing secret(s), comma-separated, any one of which verifies (rotation): stripe whsec_... (required), contract an HMAC-SHA256 key (without one the contract's webhook is off); never logged"`
+	Secrets []string `env:"PAYMENT_WEBHOOK_SECRET" envSeparator:"," help:"the webhook signing secret(s), comma-separated, any one of which verifies (rotation): stripe whsec_... (required), adyen the endpoint's HMAC key in hex (required), contract an HMAC-SHA256 key (without one the contract's webhook is off); never logged"`
 	// Addr is the provider-facing listener, apart from HTTP_ADDR, which
 	// stays internal.
 	Addr string `env:"WEBHOOK_ADDR" envDefault:":8090" help:"address of the provider-facing listener: POST /webhooks/<PAYMENT_PROVIDER>; expose it to the provider only (docs/deployment.md)"`
@@ -258,7 +280,7 @@ type Maintain struct {
 // PaymentMethods is the configuration of `billing payment-methods import`.
 type PaymentMethods struct {
 	Database Database
-	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider whose saved payment methods are imported: stripe (the contract charges by customer id and needs none)"`
+	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider whose saved payment methods are imported: stripe or adyen (the contract charges by customer id and needs none)"`
 	Log      Log
 }
 

@@ -256,6 +256,18 @@ func TestLoad_Values(t *testing.T) {
 				t.Errorf("payment %+v, secrets %d; want Stripe's API, a 24h window and both secrets", cfg.Payment, len(cfg.Webhooks.Secrets))
 			}
 		}},
+		{"OK_AdyenKeepsKeys31Days", []string{"PAYMENT_PROVIDER=adyen", "PAYMENT_BASE_URL=https://checkout-test.adyen.com/v71",
+			"ADYEN_MERCHANT_ACCOUNT=BillingECOM", "PAYMENT_WEBHOOK_SECRET=" + adyenKey + "," + strings.ToLower(adyenKey)}, func(t *testing.T, cfg config.Serve) {
+			if cfg.Payment.IdempotencyWindow != 744*time.Hour || cfg.Payment.MerchantAccount != "BillingECOM" || len(cfg.Webhooks.Secrets) != 2 {
+				t.Errorf("payment %+v, secrets %d; want a 744h window, the merchant account and both keys", cfg.Payment, len(cfg.Webhooks.Secrets))
+			}
+		}},
+		{"OK_AdyenWindowSet", []string{"PAYMENT_PROVIDER=adyen", "PAYMENT_BASE_URL=https://checkout-test.adyen.com/v71/",
+			"ADYEN_MERCHANT_ACCOUNT=BillingECOM", "PAYMENT_WEBHOOK_SECRET=" + adyenKey, "PAYMENT_IDEMPOTENCY_WINDOW=168h"}, func(t *testing.T, cfg config.Serve) {
+			if cfg.Payment.IdempotencyWindow != 168*time.Hour {
+				t.Errorf("window %s, want the 168h set", cfg.Payment.IdempotencyWindow)
+			}
+		}},
 		{"OK_MaxInFlightZeroMeansDefault", []string{"MAX_IN_FLIGHT=0", "PAYMENT_MAX_CONCURRENCY=5"}, func(t *testing.T, cfg config.Serve) {
 			if cfg.Consumer.MaxInFlight != 10 {
 				t.Errorf("MaxInFlight = %d, want 2×5 = 10", cfg.Consumer.MaxInFlight)
@@ -370,6 +382,13 @@ func TestLoad_Errors(t *testing.T) {
 		{"ErrPaymentRecoverBeforeTheTimeout", []string{"PAYMENT_TIMEOUT=30s", "PAYMENT_RECOVER_AFTER=20s"}, "PAYMENT_RECOVER_AFTER", "PAYMENT_TIMEOUT"},
 		{"ErrPaymentProviderUnknown", []string{"PAYMENT_PROVIDER=paypal"}, "PAYMENT_PROVIDER", ""},
 		{"ErrStripeWithoutWebhookSecret", []string{"PAYMENT_PROVIDER=stripe"}, "PAYMENT_WEBHOOK_SECRET", "PAYMENT_PROVIDER"},
+		{"ErrAdyenWithoutMerchantAccount", adyenEnv("ADYEN_MERCHANT_ACCOUNT"), "ADYEN_MERCHANT_ACCOUNT", "PAYMENT_PROVIDER"},
+		{"ErrAdyenWithoutBaseURL", adyenEnv("PAYMENT_BASE_URL"), "PAYMENT_BASE_URL", "PAYMENT_PROVIDER"},
+		{"ErrAdyenBaseURLWithoutVersion", adyenEnv("PAYMENT_BASE_URL=https://checkout-test.adyen.com"), "PAYMENT_BASE_URL", "v71"},
+		{"ErrAdyenBaseURLOfPayments", adyenEnv("PAYMENT_BASE_URL=https://checkout-test.adyen.com/v71/payments"), "PAYMENT_BASE_URL", "v71"},
+		{"ErrAdyenWithoutWebhookSecret", adyenEnv("PAYMENT_WEBHOOK_SECRET"), "PAYMENT_WEBHOOK_SECRET", "PAYMENT_PROVIDER"},
+		{"ErrAdyenWebhookSecretNotHex", adyenEnv("PAYMENT_WEBHOOK_SECRET=" + adyenKey + ",whsec_stripes"), "PAYMENT_WEBHOOK_SECRET", "key 2 of 2"},
+		{"ErrMerchantAccountWithoutAdyen", []string{"ADYEN_MERCHANT_ACCOUNT=BillingECOM"}, "ADYEN_MERCHANT_ACCOUNT", "PAYMENT_PROVIDER"},
 		{"ErrPaymentResolveAfterZero", []string{"PAYMENT_RESOLVE_AFTER=0"}, "PAYMENT_RESOLVE_AFTER", ""},
 		{"ErrPaymentResolveAfterTooLong", []string{"PAYMENT_RESOLVE_AFTER=25h"}, "PAYMENT_RESOLVE_AFTER", ""},
 		{"ErrWebhookAddrNotHostPort", []string{"WEBHOOK_ADDR=8090"}, "WEBHOOK_ADDR", ""},
@@ -425,6 +444,16 @@ func TestLoad_Errors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// adyenKey is an Adyen HMAC key, hex.
+const adyenKey = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"
+
+// adyenEnv is the environment of a serve for Adyen, with overrides (a
+// name alone unsets it).
+func adyenEnv(overrides ...string) []string {
+	return append([]string{"PAYMENT_PROVIDER=adyen", "PAYMENT_BASE_URL=https://checkout-test.adyen.com/v71",
+		"ADYEN_MERCHANT_ACCOUNT=BillingECOM", "PAYMENT_WEBHOOK_SECRET=" + adyenKey}, overrides...)
 }
 
 // varError returns the error about variable name among err's, failing the
@@ -499,6 +528,7 @@ func TestLoad_ErrorsKeepSecrets(t *testing.T) {
 		{"ErrPaymentBaseURLCredentialsBadScheme", []string{"PAYMENT_BASE_URL=ftp://user:" + secret + "@psp.example.com"}, "PAYMENT_BASE_URL"},
 		{"ErrPaymentBaseURLCredentialsBadPort", []string{"PAYMENT_BASE_URL=https://user:" + secret + "@psp:port"}, "PAYMENT_BASE_URL"},
 		{"ErrSASLPasswordWithoutMechanism", []string{"KAFKA_SASL_PASSWORD=" + secret}, "KAFKA_SASL_MECHANISM"},
+		{"ErrAdyenWebhookSecretNotHex", adyenEnv("PAYMENT_WEBHOOK_SECRET=" + adyenKey + "," + secret), "PAYMENT_WEBHOOK_SECRET"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -729,4 +759,39 @@ func TestRenamed(t *testing.T) {
 	if got := config.Renamed(minimalEnv(t)); len(got) != 0 {
 		t.Errorf("Renamed without them = %q", got)
 	}
+}
+
+// maintain, reconcile's provider and the import read Adyen's settings too.
+func TestLoad_AdyenBeyondServe(t *testing.T) {
+	t.Parallel()
+	const db = "postgres://billing@db.internal:5432/billing"
+	t.Run("MaintainWithoutAProviderOnlyReports", func(t *testing.T) {
+		var m config.Maintain
+		if err := config.Load(map[string]string{"DATABASE_URL": db, "PAYMENT_PROVIDER": "adyen"}, &m); err != nil {
+			t.Fatal(err)
+		}
+		if m.Payment.BaseURL != "" || m.Payment.IdempotencyWindow != 744*time.Hour {
+			t.Errorf("payment %+v: want no provider, Adyen's 744h window", m.Payment)
+		}
+	})
+	t.Run("MaintainAsksAdyenForItsMerchantAccount", func(t *testing.T) {
+		var m config.Maintain
+		err := config.Load(map[string]string{"DATABASE_URL": db, "PAYMENT_PROVIDER": "adyen",
+			"PAYMENT_BASE_URL": "https://checkout-test.adyen.com/v71"}, &m)
+		varError(t, err, "ADYEN_MERCHANT_ACCOUNT")
+		m = config.Maintain{}
+		if err := config.Load(map[string]string{"DATABASE_URL": db, "PAYMENT_PROVIDER": "adyen",
+			"PAYMENT_BASE_URL": "https://checkout-test.adyen.com/v71", "ADYEN_MERCHANT_ACCOUNT": "BillingECOM"}, &m); err != nil {
+			t.Fatal(err)
+		}
+		if api := m.Payment.API(); api.MerchantAccount != "BillingECOM" || api.Provider != "adyen" || api.IdempotencyWindow != 744*time.Hour {
+			t.Errorf("API() = %+v", api)
+		}
+	})
+	t.Run("ImportForAdyen", func(t *testing.T) {
+		var p config.PaymentMethods
+		if err := config.Load(map[string]string{"DATABASE_URL": db, "PAYMENT_PROVIDER": "adyen"}, &p); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

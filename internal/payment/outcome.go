@@ -118,6 +118,11 @@ type Notification struct {
 	// billing did not ask for, which is no news to it.
 	IdempotencyKey string
 	Outcome        Outcome
+	// Payment is the payment as the notification describes it, for a
+	// provider whose payments billing cannot list (Adyen): billing keeps
+	// it, and reconciliation compares the charge table with what was
+	// kept. nil for a provider with a list API (contract, Stripe).
+	Payment *ListedCharge
 }
 
 // Response is a provider's answer, read whole.

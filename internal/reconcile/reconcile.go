@@ -300,8 +300,15 @@ func diff(r *Record, c *Charge) []Diff {
 	// A declined row paired with a succeeded charge: the customer paid for
 	// an order billing believes unpaid.
 	add("status", r.Status, charge.Succeeded)
-	add("orderId", fmt.Sprint(r.OrderID), fmt.Sprint(c.OrderID))
-	add("customerId", fmt.Sprint(r.CustomerID), fmt.Sprint(c.CustomerID))
+	// A provider side that does not tell the order or the customer
+	// (Adyen's notifications name a payment by its reference alone) leaves
+	// them 0: not compared.
+	if c.OrderID != 0 {
+		add("orderId", fmt.Sprint(r.OrderID), fmt.Sprint(c.OrderID))
+	}
+	if c.CustomerID != 0 {
+		add("customerId", fmt.Sprint(r.CustomerID), fmt.Sprint(c.CustomerID))
+	}
 	add("amount", fmt.Sprint(r.Amount), fmt.Sprint(c.Amount))
 	add("currency", strings.TrimSpace(r.Currency), c.Currency)
 	if r.ProviderChargeID != "" || r.Status == charge.Succeeded {

@@ -119,6 +119,12 @@ func TestCompare(t *testing.T) {
 			wantDisc: []string{"mismatch:orderId,customerId,currency"},
 		},
 		{
+			name:    "a provider side that tells no order or customer (Adyen's notifications)",
+			records: []reconcile.Record{rec(key1, mid)},
+			charges: []reconcile.Charge{with(chg(key1, mid), func(c *reconcile.Charge) { c.OrderID, c.CustomerID = 0, 0 })},
+			want:    reconcile.Summary{Records: 1, Charges: 1, Matched: 1},
+		},
+		{
 			name:     "provider charge id differs",
 			records:  []reconcile.Record{with(rec(key1, mid), func(r *reconcile.Record) { r.ProviderChargeID = "ch_other" })},
 			charges:  []reconcile.Charge{chg(key1, mid)},

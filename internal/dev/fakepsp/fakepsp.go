@@ -1,7 +1,7 @@
 // Package fakepsp is a local fake payment service provider (PSP) with
 // Stripe-like idempotency and fault injection.
 //
-// It speaks one of two profiles (Options.Profile), the API of the provider
+// It speaks one of three profiles (Options.Profile), the API of the provider
 // billing is configured for, and keeps exact, concurrency-safe books of
 // everything it did, so that tests, the demo and the chaos suite (which runs
 // it as a separate process and drives it over HTTP) can check invariants
@@ -97,6 +97,64 @@
 // Stripe's search, only finds a PaymentIntent SearchLag (default 60s) after
 // it was created.
 //
+// # The adyen profile
+//
+// Adyen's Checkout API as billing calls it: POST /payments (under any
+// version's root, /v71/payments), JSON, a merchant-initiated payment with
+// a stored card (paymentMethod {type scheme, storedPaymentMethodId},
+// shopperInteraction ContAuth, recurringProcessingModel
+// UnscheduledCardOnFile), X-API-Key. A POST /payments is decided in this
+// order:
+//
+//  1. provider down: 503, nothing stored;
+//  2. more than RateLimit requests within the last second: 429, nothing
+//     stored;
+//  3. APIKey set and no matching X-API-Key: 401 errorType security;
+//  4. a request Adyen would refuse before processing it (not JSON, an
+//     unknown or missing field, an amount, currency or reference out of
+//     range, not a stored-card ContAuth payment): 400 or 422 errorCode 000,
+//     errorType validation, nothing stored;
+//  5. AdyenMerchantAccount set and another merchantAccount: 403 errorCode
+//     901;
+//  6. injected failure (FailRate, FailOrders by merchantOrderReference):
+//     503, nothing stored;
+//  7. storedPaymentMethodId stored_invalid: 422 errorCode 101 (Adyen's
+//     documented example of a validation error), nothing stored;
+//  8. Idempotency-Key used with another body: 422 errorCode 00_422 (what
+//     Adyen answers is not documented; billing parks either way), even
+//     while in flight;
+//  9. key in flight: 422 errorCode 704, "request already processed or in
+//     progress", with transient-error: true;
+//  10. key with a stored answer, younger than IdempotencyTTL (default 31
+//     days): the stored first answer, byte for byte;
+//  11. otherwise the request waits Latency and creates a payment whose
+//     outcome its stored payment method chooses, answered 200 with its
+//     resultCode and pspReference (none while the shopper would have to
+//     act: Adyen gives it in /payments/details then). An authorisation,
+//     or a payment pending, loses its answer (connection reset) with
+//     probability ResetRate.
+//
+// Every answer to a request with an Idempotency-Key echoes it. Outcomes by
+// storedPaymentMethodId:
+//
+//	any id not below                 Authorised
+//	stored_refused                   Refused (refusalReason Refused, code 2)
+//	stored_notEnoughBalance          Refused (Not enough balance, code 12)
+//	stored_cancelled                 Cancelled
+//	stored_error                     Error (Acquirer Error, code 4)
+//	stored_pending                   Pending; ProcessingDelay later Authorised
+//	stored_pendingRefused            Pending; ProcessingDelay later Refused
+//	stored_pendingNeverSettles       Pending, for ever
+//	stored_received                  Received; ProcessingDelay later Authorised
+//	stored_redirectShopper           RedirectShopper (with a redirect action)
+//	stored_identifyShopper           IdentifyShopper
+//	stored_challengeShopper          ChallengeShopper
+//	stored_invalid                   422 errorCode 101 (rule 7)
+//
+// Adyen has no lookup or list API, and neither has the profile: a request
+// repeated under its key within IdempotencyTTL learns the stored answer,
+// which for a payment that was pending stays Pending after its verdict.
+//
 // # Webhooks
 //
 // With WebhookURL set, the server posts a notification for every outcome
@@ -113,6 +171,22 @@
 // (WebhookStaleRate). Stats counts what the endpoint answered to each. The
 // goroutines that wait and send stop when [Server.Close] is called.
 //
+// The adyen profile notifies every verdict (Authorised, Refused,
+// Cancelled, Error, and a pending payment's when it comes; nothing while
+// the shopper would have to act) with an AUTHORISATION item, success true
+// or false with the refusal reason, signed with the first HMAC key of
+// WebhookSecret (hex): additionalData.hmacSignature, base64 of the
+// HMAC-SHA256 of
+// pspReference:originalReference:merchantAccountCode:merchantReference:value:currency:eventCode:success.
+// Items are sent in batches, {"live":"false","notificationItems":[...]}:
+// those ready within WebhookBatchWait of the first go together, at most
+// six, and a batch is retried until the endpoint answers 2xx with the body
+// [accepted]. Its faults are drawn per item: never sent, delivered once
+// more, a forged copy (signed with another key, half of them claiming the
+// opposite verdict) that joins whatever batch is ready; a batch of forged
+// items only is posted once. WebhookStaleRate does not apply: Adyen signs
+// no time.
+//
 // The contract's notification is the JSON object
 // {"id":"ch_...","idempotencyKey":"<key>","status":"succeeded"|"declined"}
 // (with "declineCode" for a decline) and header Signature; Stripe's is an
@@ -121,7 +195,7 @@
 // with header Stripe-Signature. Both signatures read
 // t=<unix>,v1=<hex HMAC-SHA256 of "<unix>.<body>">, one v1 per secret.
 //
-// Every charge request (both profiles), whatever its outcome, is answered
+// Every charge request (every profile), whatever its outcome, is answered
 // only after Latency; lookups are answered at once. The request that claims
 // a key creates its outcome even if its client has gone away meanwhile, as
 // a real provider would.
@@ -130,6 +204,7 @@ package fakepsp
 import (
 	"cmp"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -138,6 +213,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -148,6 +224,8 @@ const (
 	ProfileContract = "contract"
 	// ProfileStripe is Stripe's PaymentIntents API.
 	ProfileStripe = "stripe"
+	// ProfileAdyen is Adyen's Checkout API.
+	ProfileAdyen = "adyen"
 )
 
 // Defaults of the options whose zero value means "the provider's usual".
@@ -155,6 +233,12 @@ const (
 	// DefaultIdempotencyTTL is how long Stripe keeps an idempotency key
 	// (at least 24 hours), and billing's PAYMENT_IDEMPOTENCY_WINDOW.
 	DefaultIdempotencyTTL = 24 * time.Hour
+	// DefaultAdyenIdempotencyTTL is how long Adyen keeps an idempotency
+	// key (at least 31 days), the adyen profile's default.
+	DefaultAdyenIdempotencyTTL = 31 * 24 * time.Hour
+	// DefaultWebhookBatchWait is how long the adyen profile's first
+	// notification item ready waits for others to join its batch.
+	DefaultWebhookBatchWait = 50 * time.Millisecond
 	// DefaultSearchLag is about how long Stripe's search index lags behind
 	// its objects ("under a minute" in normal operation).
 	DefaultSearchLag = time.Minute
@@ -169,36 +253,41 @@ const (
 // In JSON (PUT /_faults, GET /_faults) durations are integer numbers of
 // nanoseconds, as encoding/json writes a time.Duration.
 type Options struct {
-	// Profile is the API served: ProfileContract (also when empty) or
-	// ProfileStripe. It may change at run time (PUT /_faults); what each
-	// profile created stays in the books.
+	// Profile is the API served: ProfileContract (also when empty),
+	// ProfileStripe or ProfileAdyen. It may change at run time (PUT
+	// /_faults); what each profile created stays in the books.
 	Profile string `json:"profile,omitempty"`
-	// Latency is added to every charge request (both profiles) before it
+	// Latency is added to every charge request (every profile) before it
 	// is answered. The request that creates an outcome keeps its key in
-	// flight for that long, so duplicates arriving meanwhile get 409.
+	// flight for that long, so duplicates arriving meanwhile get 409
+	// (Adyen: 422 errorCode 704).
 	Latency time.Duration `json:"latency"`
 	// FailRate is the probability of answering 503 without doing anything.
 	FailRate float64 `json:"failRate"`
 	// FailOrders are orders whose every charge request is answered 503
 	// without doing anything, as long as they are listed: a key stuck on a
 	// provider error among others that go through. Stripe: the order is
-	// metadata[order_id].
+	// metadata[order_id]; Adyen: merchantOrderReference.
 	FailOrders []int64 `json:"failOrders,omitempty"`
 	// ResetRate is the probability of creating and storing a charge and then
 	// closing the connection without answering ("provider said 200,
-	// connection reset"). Declines and stored 500s are always answered.
+	// connection reset"). Declines (Adyen's refusals too) and stored 500s
+	// are always answered.
 	ResetRate float64 `json:"resetRate"`
 	// DeclineEvery, when > 0, declines (402) contract orders whose id is a
-	// multiple of it. 0 never declines. Stripe declines by payment method.
+	// multiple of it. 0 never declines. Stripe and Adyen decline by
+	// payment method.
 	DeclineEvery int64 `json:"declineEvery"`
 	// RateLimit, when > 0, answers 429 to a request that arrives when
 	// RateLimit requests already arrived within the last second, as a
 	// provider's rate limit does (Stripe's sandbox and per-endpoint limit:
 	// 25). Contract: charge requests count, and the 429 has Retry-After: 1.
 	// Stripe: every /v1 request counts, and the 429 has no Retry-After.
+	// Adyen: POST /payments counts, and the 429 has no Retry-After.
 	RateLimit int `json:"rateLimit"`
 	// APIKey, when set, is required as Authorization: Bearer <APIKey> on
-	// the contract's POST /v1/charges and on every Stripe /v1 route.
+	// the contract's POST /v1/charges and on every Stripe /v1 route, and
+	// as X-API-Key on Adyen's POST /payments.
 	APIKey string `json:"apiKey,omitempty"`
 	// Seed seeds the fault randomness so that runs replay.
 	Seed int64 `json:"seed"`
@@ -207,12 +296,19 @@ type Options struct {
 	// whose id is a multiple of it 202 {"status":"processing"}, and decides
 	// it ProcessingDelay later. 0: every answer is final.
 	ProcessingEvery int64 `json:"processingEvery"`
-	// ProcessingDelay is how long a processing payment (contract, or a
-	// Stripe fake debit) waits for its verdict.
+	// ProcessingDelay is how long a processing payment (contract, a
+	// Stripe fake debit, an Adyen Pending or Received) waits for its
+	// verdict.
 	ProcessingDelay time.Duration `json:"processingDelay"`
 	// IdempotencyTTL is how long a stored answer is kept under its key;
-	// a key used again after that is new. 0 means DefaultIdempotencyTTL.
+	// a key used again after that is new. 0 means the profile's provider's:
+	// DefaultIdempotencyTTL (contract, stripe), DefaultAdyenIdempotencyTTL
+	// (adyen).
 	IdempotencyTTL time.Duration `json:"idempotencyTtl"`
+
+	// AdyenMerchantAccount, when set, is the only merchantAccount the
+	// adyen profile takes (403 errorCode 901 otherwise); empty takes any.
+	AdyenMerchantAccount string `json:"adyenMerchantAccount,omitempty"`
 
 	// StripeVersion, when set, is the only Stripe-Version header accepted
 	// (400 otherwise, as stripe-mock's strict version check) and the
@@ -235,7 +331,8 @@ type Options struct {
 	WebhookURL string `json:"webhookUrl,omitempty"`
 	// WebhookSecret signs the notifications. Comma-separated, each secret
 	// adds a v1 signature, as Stripe signs with both secrets while one is
-	// rolled.
+	// rolled. Adyen: HMAC keys in hex, of which the first signs, as Adyen
+	// signs with the one key its endpoint has.
 	WebhookSecret string `json:"webhookSecret,omitempty"`
 	// WebhookDelayMin and WebhookDelayMax bound the delay before a
 	// notification (or a repeated, forged or stale copy) is first sent,
@@ -254,11 +351,16 @@ type Options struct {
 	// half of the time claiming the opposite outcome.
 	WebhookForgeRate float64 `json:"webhookForgeRate"`
 	// WebhookStaleRate is the probability that a copy signed ten minutes
-	// ago (past the five minutes' tolerance) is posted too, once.
+	// ago (past the five minutes' tolerance) is posted too, once. Adyen
+	// signs no time: the adyen profile ignores it.
 	WebhookStaleRate float64 `json:"webhookStaleRate"`
 	// WebhookDropRate is the probability that a notification is never
 	// sent.
 	WebhookDropRate float64 `json:"webhookDropRate"`
+	// WebhookBatchWait is how long the adyen profile's first notification
+	// item ready waits for others to join its batch (at most six items).
+	// 0 means DefaultWebhookBatchWait; set 1ns for no wait.
+	WebhookBatchWait time.Duration `json:"webhookBatchWait"`
 }
 
 // Validate rejects options that cannot be meant. PUT /_faults and the
@@ -287,7 +389,7 @@ func (o Options) Validate() error {
 		{"latency", o.Latency}, {"processingDelay", o.ProcessingDelay},
 		{"idempotencyTtl", o.IdempotencyTTL}, {"searchLag", o.SearchLag},
 		{"webhookDelayMin", o.WebhookDelayMin}, {"webhookDelayMax", o.WebhookDelayMax},
-		{"webhookRetryMax", o.WebhookRetryMax},
+		{"webhookRetryMax", o.WebhookRetryMax}, {"webhookBatchWait", o.WebhookBatchWait},
 	}
 	for _, d := range durations {
 		if d.d < 0 {
@@ -295,8 +397,10 @@ func (o Options) Validate() error {
 		}
 	}
 	switch {
-	case o.Profile != "" && o.Profile != ProfileContract && o.Profile != ProfileStripe:
-		return fmt.Errorf("profile must be %q or %q, not %q", ProfileContract, ProfileStripe, o.Profile)
+	case o.Profile != "" && o.Profile != ProfileContract && o.Profile != ProfileStripe && o.Profile != ProfileAdyen:
+		return fmt.Errorf("profile must be %q, %q or %q, not %q", ProfileContract, ProfileStripe, ProfileAdyen, o.Profile)
+	case o.Profile == ProfileAdyen && !hexKeys(o.WebhookSecret):
+		return errors.New("webhookSecret must be Adyen HMAC keys in hex, comma-separated")
 	case o.DeclineEvery < 0:
 		return errors.New("declineEvery must not be negative")
 	case o.ProcessingEvery < 0:
@@ -315,7 +419,28 @@ func (o Options) profile() string {
 }
 
 func (o Options) idempotencyTTL() time.Duration {
+	if o.profile() == ProfileAdyen {
+		return cmp.Or(o.IdempotencyTTL, DefaultAdyenIdempotencyTTL)
+	}
 	return cmp.Or(o.IdempotencyTTL, DefaultIdempotencyTTL)
+}
+
+func (o Options) webhookBatchWait() time.Duration {
+	return cmp.Or(o.WebhookBatchWait, DefaultWebhookBatchWait)
+}
+
+// hexKeys reports whether secrets, comma-separated, are all hex (or there
+// are none).
+func hexKeys(secrets string) bool {
+	if strings.TrimSpace(secrets) == "" {
+		return true
+	}
+	for k := range strings.SplitSeq(secrets, ",") {
+		if b, err := hex.DecodeString(strings.TrimSpace(k)); err != nil || len(b) == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (o Options) searchLag() time.Duration {
@@ -402,19 +527,22 @@ type Stats struct {
 	DownRejections     int64 `json:"downRejections"`     // 503 while down
 	RateLimited        int64 `json:"rateLimited"`        // 429 from RateLimit
 	Resets             int64 `json:"resets"`             // connections closed after charging
-	OrdersChargedTwice int64 `json:"ordersChargedTwice"` // orders with more than one succeeded payment, both profiles
+	OrdersChargedTwice int64 `json:"ordersChargedTwice"` // orders with more than one succeeded payment, every profile
 	// PeakPerSecond is the most requests that arrived within any one
 	// second (a sliding window): what a rate limit would have seen. The
-	// contract's charge requests and every Stripe /v1 request count.
+	// contract's charge requests, every Stripe /v1 request and Adyen's
+	// POST /payments count.
 	PeakPerSecond int64 `json:"peakPerSecond"`
 	// Contract counts what the contract profile added: processing
 	// payments, key expiry, lookups and webhooks.
 	Contract ContractStats `json:"contract"`
 	// Stripe counts the stripe profile.
 	Stripe StripeStats `json:"stripe"`
-	// PendingWebhooks is how many deliveries (both profiles; repeated,
-	// forged and stale copies included) wait or are being tried: 0 once
-	// every notification was delivered, dropped or given up.
+	// Adyen counts the adyen profile.
+	Adyen AdyenStats `json:"adyen"`
+	// PendingWebhooks is how many deliveries (every profile; repeated,
+	// forged and stale copies included; Adyen's by item) wait or are being
+	// tried: 0 once every notification was delivered, dropped or given up.
 	PendingWebhooks int64 `json:"pendingWebhooks"`
 }
 
@@ -458,6 +586,42 @@ type StripeStats struct {
 	Webhooks WebhookStats  `json:"webhooks"`
 }
 
+// AdyenStats counts the adyen profile. Every POST /payments increments
+// Requests when it arrives and exactly one of Authorised, Refused,
+// Cancelled, Errors, Pending, Received, ShopperActions, Replays, InFlight,
+// Mismatches, Invalid, Unauthorized, Forbidden, RateLimited,
+// InjectedFailures and DownRejections when it is decided.
+type AdyenStats struct {
+	Requests          int64 `json:"requests"`          // every POST /payments received
+	Authorised        int64 `json:"authorised"`        // payments created Authorised
+	Refused           int64 `json:"refused"`           // payments created Refused
+	Cancelled         int64 `json:"cancelled"`         // payments created Cancelled
+	Errors            int64 `json:"errors"`            // payments created Error
+	Pending           int64 `json:"pending"`           // payments created Pending
+	Received          int64 `json:"received"`          // payments created Received
+	PendingAuthorised int64 `json:"pendingAuthorised"` // Pending or Received payments later authorised
+	PendingRefused    int64 `json:"pendingRefused"`    // Pending or Received payments later refused
+	ShopperActions    int64 `json:"shopperActions"`    // payments created RedirectShopper, IdentifyShopper, ChallengeShopper
+	Resets            int64 `json:"resets"`            // created payments whose answer was dropped
+	Replays           int64 `json:"replays"`           // stored answers replayed
+	InFlight          int64 `json:"inFlight"`          // 422 errorCode 704: the key's request still in flight
+	Mismatches        int64 `json:"mismatches"`        // 422 00_422: the key used with another body
+	Invalid           int64 `json:"invalid"`           // 400 or 422 validation errors (malformed, stored_invalid)
+	Unauthorized      int64 `json:"unauthorized"`      // 401
+	Forbidden         int64 `json:"forbidden"`         // 403 901: another merchant account
+	RateLimited       int64 `json:"rateLimited"`       // 429
+	InjectedFailures  int64 `json:"injectedFailures"`  // 503 from FailRate or FailOrders
+	DownRejections    int64 `json:"downRejections"`    // 503 while down
+	KeysExpired       int64 `json:"keysExpired"`       // stored keys forgotten after IdempotencyTTL and used again
+
+	// Webhooks counts notification items (Events, Dropped, NoEndpoint,
+	// Delivered, Repeated, Forged) and batch POSTs (Sent, Refused,
+	// Failed); ForgedAccepted counts batches of forged items only that
+	// were answered [accepted] (a forged item beside genuine ones is
+	// ignored, and its batch accepted).
+	Webhooks WebhookStats `json:"webhooks"`
+}
+
 // StripeLookups counts the stripe profile's lookups, by kind.
 type StripeLookups struct {
 	Retrieve int64 `json:"retrieve"` // GET /v1/payment_intents/{id} received
@@ -484,6 +648,10 @@ type WebhookStats struct {
 	ForgedAccepted int64 `json:"forgedAccepted"`
 	Stale          int64 `json:"stale"`
 	StaleAccepted  int64 `json:"staleAccepted"`
+	// Batches counts the adyen profile's batches answered [accepted], and
+	// LargestBatch the most items one of them held.
+	Batches      int64 `json:"batches,omitempty"`
+	LargestBatch int64 `json:"largestBatch,omitempty"`
 }
 
 // ClientStats is what the server saw of one client address: the chaos
@@ -493,8 +661,8 @@ type WebhookStats struct {
 // knowing it is watched.
 type ClientStats struct {
 	// Requests counts the charge requests (POST /v1/charges, POST
-	// /v1/payment_intents) that arrived from the address, whatever their
-	// answer.
+	// /v1/payment_intents, Adyen's POST /payments) that arrived from the
+	// address, whatever their answer.
 	Requests int64 `json:"requests"`
 	// Last is when the last of them arrived.
 	Last time.Time `json:"last"`
@@ -534,8 +702,10 @@ type Server struct {
 	charges          []Charge // succeeded contract charges, in creation order
 	// stripe is the stripe profile's state.
 	stripe stripeBooks
+	// adyen is the adyen profile's state.
+	adyen adyenBooks
 	// succeededPerOrder counts succeeded payments per order id (decimal
-	// text), both profiles, for Stats.OrdersChargedTwice.
+	// text), every profile, for Stats.OrdersChargedTwice.
 	succeededPerOrder map[string]int
 	stats             Stats
 	// clients counts the charge requests per client IP address
@@ -558,6 +728,7 @@ func New(opts Options) *Server {
 		slots:             make(chan struct{}, maxWebhooksInFlight),
 		keys:              make(map[string]entry),
 		stripe:            newStripeBooks(),
+		adyen:             newAdyenBooks(),
 		succeededPerOrder: make(map[string]int),
 		clients:           make(map[string]ClientStats),
 	}
@@ -568,6 +739,8 @@ func New(opts Options) *Server {
 	s.mux.HandleFunc("GET /v1/payment_intents", s.handleListIntents)
 	s.mux.HandleFunc("GET /v1/payment_intents/search", s.handleSearchIntents)
 	s.mux.HandleFunc("GET /v1/payment_intents/{id}", s.handleRetrieveIntent)
+	s.mux.HandleFunc("POST /payments", s.handleAdyenPayments)
+	s.mux.HandleFunc("POST /{version}/payments", s.handleAdyenPayments)
 	s.mux.HandleFunc("GET /_stats", s.handleStats)
 	s.mux.HandleFunc("GET /_payments", s.handlePayments)
 	s.mux.HandleFunc("POST /_down", s.handleSetDown(true))
@@ -596,7 +769,9 @@ func New(opts Options) *Server {
 //	                                  seconds), limit, starting_after
 //	GET  /v1/payment_intents/search   query=metadata['k']:'v' [AND ...],
 //	                                  limit, page
-//	both:
+//	adyen profile:
+//	POST /payments, /{version}/payments   make a payment
+//	every profile:
 //	GET  /_stats       Stats, and "clients": Clients, "stripeVersions":
 //	                   StripeVersions
 //	GET  /_payments    {"data":[Payment...]} (Server.Payments)
@@ -609,7 +784,7 @@ func New(opts Options) *Server {
 //	                   never shows them
 //	GET  /healthz      200
 //
-// The routes of the profile not served answer 404. The contract requires
+// The routes of the profiles not served answer 404. The contract requires
 // the API key only on POST /v1/charges, and its GET /v1/charges works while
 // the provider is down; Stripe's /v1 routes all require the key and are
 // down together. The other routes belong to tests and tools.
@@ -706,17 +881,20 @@ func (s *Server) Charges() []Charge {
 	return slices.Clone(s.charges)
 }
 
-// Payments returns every payment the server holds, both profiles, any
+// Payments returns every payment the server holds, every profile, any
 // status, in creation order.
 func (s *Server) Payments() []Payment {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Payment, 0, len(s.contractPayments)+len(s.stripe.intents))
+	out := make([]Payment, 0, len(s.contractPayments)+len(s.stripe.intents)+len(s.adyen.payments))
 	for _, p := range s.contractPayments {
 		out = append(out, p.payment())
 	}
 	for _, in := range s.stripe.intents {
 		out = append(out, in.payment())
+	}
+	for _, p := range s.adyen.payments {
+		out = append(out, p.payment())
 	}
 	slices.SortStableFunc(out, func(a, b Payment) int { return a.Created.Compare(b.Created) })
 	return out
@@ -797,7 +975,16 @@ func (s *Server) handlePutFaults(w http.ResponseWriter, r *http.Request) {
 	}
 	err := decodeJSON(w, r, &body)
 	if err == nil {
-		err = body.Options.Validate()
+		// Checked with the secret it will sign with, sent or kept: the
+		// adyen profile needs hex keys.
+		check := body.Options
+		s.mu.Lock()
+		check.WebhookSecret = s.opts.WebhookSecret
+		s.mu.Unlock()
+		if body.WebhookSecret != nil {
+			check.WebhookSecret = *body.WebhookSecret
+		}
+		err = check.Validate()
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
@@ -829,6 +1016,8 @@ func (s *Server) serves(profile string, w http.ResponseWriter, r *http.Request) 
 	case current == ProfileStripe:
 		writeStripeError(w, http.StatusNotFound, stripeError{Type: "invalid_request_error",
 			Message: fmt.Sprintf("Unrecognized request URL (%s: %s).", r.Method, r.URL.Path)})
+	case current == ProfileAdyen:
+		writeAdyenNotFound(w)
 	default:
 		http.NotFound(w, r)
 	}

@@ -812,7 +812,7 @@ func TestProfiles_SwitchAndRoutes(t *testing.T) {
 	wantStripeError(t, r, http.StatusNotFound, "invalid_request_error", "")
 	wantStatus(t, call(t, ts, http.MethodGet, "/v1/charges", ""), http.StatusNotFound)
 	wantStatus(t, postIntent(t, ts, "evt-4", intentForm(4, "pm_card_chargeDeclined").Encode()), http.StatusPaymentRequired)
-	wantStatus(t, call(t, ts, http.MethodPut, "/_faults", `{"profile":"adyen"}`), http.StatusBadRequest)
+	wantStatus(t, call(t, ts, http.MethodPut, "/_faults", `{"profile":"paypal"}`), http.StatusBadRequest)
 
 	r = call(t, ts, http.MethodGet, "/_payments", "")
 	wantStatus(t, r, http.StatusOK)

@@ -341,7 +341,11 @@ func TestFaults_WebhookSecretAndNewOptions(t *testing.T) {
 	}
 
 	for _, body := range []string{
+		`{"profile":"paypal"}`,
+		// The kept secret, whsec_rotated, is no Adyen HMAC key.
 		`{"profile":"adyen"}`,
+		`{"profile":"adyen","webhookSecret":"whsec_rotated,` + strings.Repeat("AB", 32) + `"}`,
+		`{"webhookBatchWait":-1}`,
 		`{"processingEvery":-1}`,
 		`{"processingDelay":-1}`,
 		`{"idempotencyTtl":-1}`,
