@@ -47,13 +47,13 @@ answers, the demo starts a PostgreSQL of its own for the run, from PG_BIN
 or /usr/lib/postgresql/*/bin, else an embedded PostgreSQL 15 fetched once
 into the user's cache directory, and removes it at exit.
 
-With --provider stripe the fake provider speaks Stripe's PaymentIntents API
-instead of billing's own contract: billing charges each customer's saved
-card, which the demo imports first through billing payment-methods import
-(declining cards for every customer id divisible by --decline-every, bank
-debits that answer processing and are settled by a signed webhook for one
-customer in ten), and serves the provider's webhooks on a port of their
-own.
+With --provider stripe or adyen the fake provider speaks Stripe's
+PaymentIntents API or Adyen's Checkout API instead of billing's own
+contract: billing charges each customer's saved card, which the demo
+imports first through billing payment-methods import (declining cards for
+every customer id divisible by --decline-every, payments that answer
+processing or Pending and are settled by a signed webhook for one customer
+in ten), and serves the provider's webhooks on a port of their own.
 
 With --keep everything keeps running after the summary, until Ctrl-C, so
 that you can look at /metrics and produce more events.`
@@ -103,7 +103,7 @@ func demoCmd(ctx context.Context, argv0 string, args []string, environ map[strin
 	fs.StringVar(&o.logPath, "log", filepath.Join(os.TempDir(), "billing-demo.log"), "file that receives billing serve's logs")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for the consumer to catch up")
 	fs.BoolVar(&o.keep, "keep", false, "keep everything running after the summary, until Ctrl-C")
-	fs.StringVar(&o.provider, "provider", config.ProviderContract, "the fake provider's API: contract (billing's own) or stripe (PaymentIntents, saved cards, webhooks)")
+	fs.StringVar(&o.provider, "provider", config.ProviderContract, "the fake provider's API: contract (billing's own), stripe (PaymentIntents, saved cards, webhooks) or adyen (Checkout /payments, stored cards, notification batches)")
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
@@ -116,8 +116,8 @@ func demoCmd(ctx context.Context, argv0 string, args []string, environ map[strin
 		return errors.New("demo: --decline-every must not be negative")
 	case !demoDBName.MatchString(o.dbName):
 		return fmt.Errorf("demo: --db-name %q must be lower-case letters, digits and _", o.dbName)
-	case o.provider != config.ProviderContract && o.provider != config.ProviderStripe:
-		return fmt.Errorf("demo: --provider %q is not contract or stripe", o.provider)
+	case o.provider != config.ProviderContract && demoMethods[o.provider] == [3]string{}:
+		return fmt.Errorf("demo: --provider %q is not contract, stripe or adyen", o.provider)
 	}
 	genOpts := loadgen.Options{Count: o.count, Duplicates: o.duplicates, Invalid: o.invalid, Seed: o.seed}
 	if _, _, _, err := genOpts.Split(); err != nil {
@@ -266,9 +266,9 @@ func loopbackAddr() (string, error) {
 }
 
 // startProvider starts the fake provider of --provider and sets serve's
-// provider settings in env. For Stripe it imports every customer's saved
-// card first (demoMethod) and has the provider post its webhooks to
-// serve's WEBHOOK_ADDR.
+// provider settings in env. For a provider that charges saved cards
+// (Stripe, Adyen) it imports every customer's first (demoCard) and has the
+// provider post its webhooks to serve's WEBHOOK_ADDR.
 func (d *demo) startProvider(ctx context.Context, env map[string]string) error {
 	o := d.opts
 	opts := fakepsp.Options{DeclineEvery: o.declineEvery, Latency: o.latency, Seed: o.seed}
@@ -276,70 +276,100 @@ func (d *demo) startProvider(ctx context.Context, env map[string]string) error {
 	if o.declineEvery > 0 {
 		about = fmt.Sprintf("declines every order id divisible by %d", o.declineEvery)
 	}
-	if o.provider == config.ProviderStripe {
+	base := ""
+	if o.provider != config.ProviderContract {
 		webhookAddr, err := loopbackAddr()
 		if err != nil {
 			return err
 		}
-		secret := "whsec_billing_demo_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-		opts = fakepsp.Options{Profile: fakepsp.ProfileStripe, Latency: o.latency, Seed: o.seed,
-			ProcessingDelay: demoProcessingDelay, SearchLag: time.Second,
-			WebhookURL: "http://" + webhookAddr + "/webhooks/stripe", WebhookSecret: secret}
+		opts = fakepsp.Options{Profile: o.provider, Latency: o.latency, Seed: o.seed, ProcessingDelay: demoProcessingDelay,
+			WebhookURL: "http://" + webhookAddr + "/webhooks/" + o.provider}
 		maps.Copy(env, map[string]string{
-			"PAYMENT_PROVIDER":       config.ProviderStripe,
-			"PAYMENT_API_KEY":        "sk_test_billing_demo",
-			"PAYMENT_WEBHOOK_SECRET": secret,
-			"WEBHOOK_ADDR":           webhookAddr,
-			"PAYMENT_RESOLVE_AFTER":  "5s",
+			"PAYMENT_PROVIDER":      o.provider,
+			"WEBHOOK_ADDR":          webhookAddr,
+			"PAYMENT_RESOLVE_AFTER": "5s",
 		})
+		api := "Stripe's PaymentIntents API"
+		switch o.provider {
+		case config.ProviderStripe:
+			opts.SearchLag, opts.WebhookSecret = time.Second, "whsec_billing_demo_"+strconv.FormatInt(time.Now().UnixNano(), 36)
+			env["PAYMENT_API_KEY"] = "sk_test_billing_demo"
+		case config.ProviderAdyen:
+			// Adyen's HMAC keys are hex; its Checkout API root carries the
+			// version.
+			opts.WebhookSecret, opts.AdyenMerchantAccount = fmt.Sprintf("%064x", time.Now().UnixNano()), "BillingDemoECOM"
+			env["PAYMENT_API_KEY"], env["ADYEN_MERCHANT_ACCOUNT"], base = "AQE_billing_demo", opts.AdyenMerchantAccount, "/v71"
+			api = "Adyen's Checkout API"
+		}
+		env["PAYMENT_WEBHOOK_SECRET"] = opts.WebhookSecret
 		n, err := d.importMethods(ctx)
 		if err != nil {
 			return err
 		}
-		about = fmt.Sprintf("Stripe's PaymentIntents API; %d saved cards imported: declined for customer ids divisible by %d, a bank debit settled by webhook for ids ending in 3; webhooks to %s",
-			n, o.declineEvery, webhookAddr)
+		about = fmt.Sprintf("%s; %d saved cards imported: declined for customer ids divisible by %d, a payment settled by webhook for ids ending in 3; webhooks to %s",
+			api, n, o.declineEvery, webhookAddr)
 	}
 	var err error
 	if d.psp, err = startFakePSP("127.0.0.1:0", opts); err != nil {
 		return err
 	}
-	env["PAYMENT_BASE_URL"] = d.psp.URL
-	fmt.Fprintf(d.stdout, "  provider  %s (fake; %s)\n", d.psp.URL, about)
+	env["PAYMENT_BASE_URL"] = d.psp.URL + base
+	fmt.Fprintf(d.stdout, "  provider  %s (fake; %s)\n", d.psp.URL+base, about)
 	return nil
 }
 
-// demoProcessingDelay is how long the fake's bank debits stay processing
-// before their webhook: long enough that billing records them in_progress
-// first.
+// demoProcessingDelay is how long the fake's payments decided later stay
+// processing (pending) before their webhook: long enough that billing
+// records them in_progress first.
 const demoProcessingDelay = 300 * time.Millisecond
 
 // demoCustomers is how many customers the generator draws from
 // (loadgen: customer ids 1..50,000).
 const demoCustomers = 50_000
 
-// demoMethod is the saved card of customer at the fake Stripe: one that
-// declines for ids divisible by declineEvery, a bank debit (processing,
-// then succeeded by webhook) for ids ending in 3, else a card that
-// succeeds.
-func demoMethod(customer, declineEvery int64) string {
+// A saved card's behaviour at the demo's fake provider.
+type demoCard int
+
+const (
+	cardCharges  demoCard = iota // charged at once
+	cardDeclines                 // declined at once
+	cardLater                    // processing (pending), then charged by webhook
+)
+
+// demoCardOf is the kind of customer's saved card: declining for ids
+// divisible by declineEvery, decided later for ids ending in 3, else
+// charged at once.
+func demoCardOf(customer, declineEvery int64) demoCard {
 	switch {
 	case declineEvery > 0 && customer%declineEvery == 0:
-		return "pm_card_chargeDeclined"
+		return cardDeclines
 	case customer%10 == 3:
-		return "pm_fakeDebit_success"
+		return cardLater
 	}
-	return "pm_card_visa"
+	return cardCharges
 }
+
+// demoMethods are the fake provider's payment method ids of each kind.
+var demoMethods = map[string][3]string{
+	config.ProviderStripe: {"pm_card_visa", "pm_card_chargeDeclined", "pm_fakeDebit_success"},
+	config.ProviderAdyen:  {"stored_visa", "stored_refused", "stored_pending"},
+}
+
+// demoCustomerRef is how the provider names a customer: Stripe's ids
+// start with cus_ (its fake refuses others as unknown), Adyen's
+// shopperReference is the merchant's own.
+var demoCustomerRef = map[string]string{config.ProviderStripe: "cus_%d", config.ProviderAdyen: "shopper-%d"}
 
 // importMethods imports every customer's saved card through billing
 // payment-methods import, as an operator would, and returns how many.
 func (d *demo) importMethods(ctx context.Context) (int, error) {
+	methods := demoMethods[d.opts.provider]
 	var csv strings.Builder
 	csv.WriteString("customer_id,customer_ref,payment_method_ref\n")
 	for c := int64(1); c <= demoCustomers; c++ {
-		fmt.Fprintf(&csv, "%d,cus_%d,%s\n", c, c, demoMethod(c, d.opts.declineEvery))
+		fmt.Fprintf(&csv, "%d,"+demoCustomerRef[d.opts.provider]+",%s\n", c, c, methods[demoCardOf(c, d.opts.declineEvery)])
 	}
-	env := map[string]string{"DATABASE_URL": d.dsn, "PAYMENT_PROVIDER": config.ProviderStripe, "LOG_FORMAT": "text"}
+	env := map[string]string{"DATABASE_URL": d.dsn, "PAYMENT_PROVIDER": d.opts.provider, "LOG_FORMAT": "text"}
 	if err := importPaymentMethods(ctx, nil, env, strings.NewReader(csv.String()), io.Discard, d.logFile); err != nil {
 		return 0, fmt.Errorf("demo: import payment methods: %w", err)
 	}

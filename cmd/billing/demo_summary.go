@@ -101,8 +101,11 @@ FROM (SELECT extract(epoch FROM processed_at) * 1000
 
 	st := d.psp.Stats()
 	s.providerCharges, s.chargedTwicePSP = st.ChargesCreated, st.OrdersChargedTwice
-	if d.opts.provider == config.ProviderStripe {
+	switch d.opts.provider {
+	case config.ProviderStripe:
 		s.providerCharges = st.Stripe.Succeeded + st.Stripe.ProcessingSucceeded
+	case config.ProviderAdyen:
+		s.providerCharges = st.Adyen.Authorised + st.Adyen.PendingAuthorised
 	}
 	if s.outcomes, err = d.countOutcomes(ctx); err != nil {
 		return s, err
@@ -145,18 +148,19 @@ type demoExpected struct {
 }
 
 // expect is what the events generated must come to: the contract declines
-// by order id, the fake Stripe by the customer's saved card (demoMethod).
+// by order id, the fake Stripe and Adyen by the customer's saved card
+// (demoCardOf).
 func (d *demo) expect() demoExpected {
 	e := demoExpected{Expected: d.exp}
-	if d.opts.provider != config.ProviderStripe {
+	if d.opts.provider == config.ProviderContract {
 		e.declined = d.exp.Declined(d.opts.declineEvery)
 		return e
 	}
 	for _, ev := range d.exp.Events {
-		switch demoMethod(ev.CustomerID, d.opts.declineEvery) {
-		case "pm_card_chargeDeclined":
+		switch demoCardOf(ev.CustomerID, d.opts.declineEvery) {
+		case cardDeclines:
 			e.declined++
-		case "pm_fakeDebit_success":
+		case cardLater:
 			e.settledLater++
 		}
 	}

@@ -228,32 +228,37 @@ func TestDemo_ExitsZeroAfterThePassingSummary(t *testing.T) {
 	}
 }
 
-// With --provider stripe the demo imports the customers' saved cards, the
-// fake speaks Stripe's API, bank debits are settled by signed webhooks, and
-// the summary still accounts for every event.
-func TestDemo_StripeAccountsForEveryEvent(t *testing.T) {
+// With --provider stripe or adyen the demo imports the customers' saved
+// cards, the fake speaks that provider's API, payments decided later are
+// settled by signed webhooks, and the summary still accounts for every
+// event.
+func TestDemo_CardProvidersAccountForEveryEvent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL")
 	}
-	name := demoDatabase(t)
-	var stdout syncBuffer
-	err := run(t.Context(), []string{"billing", "demo", "--count", "300", "--partitions", "2", "--db-name", name, "--provider", "stripe",
-		"--log", filepath.Join(t.TempDir(), "serve.log")}, map[string]string{"DATABASE_URL": dbtest.ServerURL(t)}, nil, &stdout, &stdout)
-	if err != nil {
-		t.Fatalf("demo exited with %v:\n%s", err, stdout.String())
-	}
-	out := stdout.String()
-	rows := summaryRows(t, out)
-	for row, r := range rows {
-		if r[0] != r[1] {
-			t.Errorf("row %q: measured %d, expected %d", row, r[0], r[1])
-		}
-	}
-	if r := rows["charged once the provider said so"]; r[0] == 0 {
-		t.Errorf("no charge was settled by a webhook; the mix has bank debits:\n%s", out)
-	}
-	if !strings.Contains(out, "Stripe's PaymentIntents API") || !strings.Contains(out, "\nPASS: ") {
-		t.Errorf("want the Stripe provider line and a PASS:\n%s", out)
+	for provider, api := range map[string]string{"stripe": "Stripe's PaymentIntents API", "adyen": "Adyen's Checkout API"} {
+		t.Run(provider, func(t *testing.T) {
+			name := demoDatabase(t)
+			var stdout syncBuffer
+			err := run(t.Context(), []string{"billing", "demo", "--count", "300", "--partitions", "2", "--db-name", name, "--provider", provider,
+				"--log", filepath.Join(t.TempDir(), "serve.log")}, map[string]string{"DATABASE_URL": dbtest.ServerURL(t)}, nil, &stdout, &stdout)
+			if err != nil {
+				t.Fatalf("demo exited with %v:\n%s", err, stdout.String())
+			}
+			out := stdout.String()
+			rows := summaryRows(t, out)
+			for row, r := range rows {
+				if r[0] != r[1] {
+					t.Errorf("row %q: measured %d, expected %d", row, r[0], r[1])
+				}
+			}
+			if r := rows["charged once the provider said so"]; r[0] == 0 {
+				t.Errorf("no charge was settled by a webhook; the mix has payments decided later:\n%s", out)
+			}
+			if !strings.Contains(out, api) || !strings.Contains(out, "\nPASS: ") {
+				t.Errorf("want the provider line (%s) and a PASS:\n%s", api, out)
+			}
+		})
 	}
 }
 
