@@ -112,7 +112,8 @@ $(SQUAWK_DIR)/bin/squawk:
 # stripe-mock, Stripe's server of its API's shape, pinned: the Stripe
 # adapter's shape test (internal/payment/stripe) sends billing's requests to
 # it, and its spec's version is the Stripe-Version billing pins. Installed
-# where that test looks, the first directory of GOPATH's bin (not GOBIN).
+# where that test looks, the first directory of GOPATH's bin (not GOBIN):
+# go install github.com/stripe/stripe-mock@v0.203.0.
 STRIPE_MOCK_VERSION := v0.203.0
 STRIPE_MOCK_BIN     := $(firstword $(subst :, ,$(shell $(GO) env GOPATH)))/bin
 
