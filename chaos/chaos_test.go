@@ -83,9 +83,9 @@ var scenarios = []scenario{
 	// are looked up 3s after their answer, and recovery runs every 5s
 	// (PAYMENT_RECOVER_AFTER / 4), so that the webhooks the provider drops
 	// are made up for within the run.
-	{name: "stripe", consumers: 2, count: 1200, rate: 30, latency: 100 * time.Millisecond, stripe: true,
+	{name: "stripe", consumers: 2, count: 1200, rate: 30, latency: 100 * time.Millisecond, provider: stripeProvider,
 		env:   map[string]string{"PAYMENT_RESOLVE_AFTER": "3s", "PAYMENT_RECOVER_AFTER": "20s"},
-		ready: importStripeMethods, inject: injectStripeRollingRestart, check: checkStripe,
+		ready: importProviderMethods, inject: injectProviderRollingRestart, check: checkProvider,
 		only: brokerApache, why: "apache only: issue 39 asks for this scenario on Apache Kafka; its faults are the provider's and billing's own"},
 }
 
