@@ -132,6 +132,8 @@ type providerRun struct {
 	// was settled; replayCharged how long after the replay started its
 	// events were all charged.
 	settledAfter, replayCharged time.Duration
+	// adyen is what the adyen scenario sees of the notifications.
+	adyen *adyenWatch
 }
 
 // providerCounters are the metrics summed over the replicas.
@@ -1116,7 +1118,7 @@ type keyCounter struct {
 // send is one request of a key.
 type send struct {
 	replica string
-	status  int // 502: the provider did not answer
+	status  int // 502: the provider did not answer (nor the proxy)
 	at      time.Time
 }
 
@@ -1140,8 +1142,15 @@ func startKeyCounter(target, chargePath, logPath string) (*keyCounter, error) {
 	k := &keyCounter{url: "http://" + ln.Addr().String(), chargePath: chargePath, log: logf, sent: map[string][]send{}}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(backend) },
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			http.Error(w, err.Error(), http.StatusBadGateway)
+		// A connection per request: on a kept-alive connection that
+		// breaks, Go's transport sends a request with an Idempotency-Key
+		// again on its own, which billing, not the proxy, must decide.
+		Transport: &http.Transport{DisableKeepAlives: true},
+		// The provider did not answer (it reset the connection, as the
+		// adyen profile does after charging): neither does the proxy,
+		// whose caller sees its connection break (ServeHTTP below).
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, _ error) {
+			w.(*statusRecorder).lost = true
 		},
 	}
 	k.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -1150,8 +1159,16 @@ func startKeyCounter(target, chargePath, logPath string) (*keyCounter, error) {
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		began := time.Now()
 		proxy.ServeHTTP(rec, req)
+		status := rec.status
+		if rec.lost {
+			status = http.StatusBadGateway
+		}
 		key := req.Header.Get("Idempotency-Key")
-		k.note(req, key, send{replica: replica, status: rec.status, at: time.Now()}, began)
+		k.note(req, key, send{replica: replica, status: status, at: time.Now()}, began)
+		if rec.lost {
+			// The server closes the connection without an answer.
+			panic(http.ErrAbortHandler)
+		}
 	})}
 	// Serve returns http.ErrServerClosed once close is called.
 	go func() { _ = k.srv.Serve(ln) }()
@@ -1190,10 +1207,12 @@ func (k *keyCounter) sentPerKey() map[string][]send {
 	return out
 }
 
-// statusRecorder notes the status a handler answers with.
+// statusRecorder notes the status a handler answers with, and whether the
+// provider left the request unanswered.
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
+	lost   bool
 }
 
 func (s *statusRecorder) WriteHeader(status int) {
