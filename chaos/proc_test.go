@@ -345,7 +345,8 @@ type consumer struct {
 	*proc
 	addr string   // HTTP_ADDR
 	host *netHost // the network namespace it runs in, nil on the machine
-	// webhook is its WEBHOOK_ADDR in the stripe scenario, "" elsewhere.
+	// webhook is its WEBHOOK_ADDR in a provider's scenario (stripe,
+	// adyen), "" elsewhere.
 	webhook string
 }
 

@@ -85,10 +85,10 @@ type scenario struct {
 	// upgrade: the run starts on the previous release, migrated and
 	// served by its binary (upgrade_test.go).
 	upgrade bool
-	// stripe: serve speaks Stripe's PaymentIntents to fakepsp's stripe
-	// profile, whose webhooks reach the replicas through one load
-	// balancer (stripe_test.go).
-	stripe bool
+	// provider, when set, is the real provider's API serve speaks to
+	// fakepsp's profile of it, whose webhooks reach the replicas through
+	// one load balancer (provider_test.go: stripe, adyen).
+	provider *providerSpec
 }
 
 // dbServer is a PostgreSQL server a run's database lives on: the suite's
@@ -168,8 +168,9 @@ type run struct {
 	// pooler is the PgBouncer between billing and the database
 	// (pooler_test.go).
 	pooler *pooler
-	// stripe is the provider's wiring when sc.stripe (stripe_test.go).
-	stripe *stripeRun
+	// provider is the provider's wiring when sc.provider is set
+	// (provider_test.go).
+	provider *providerRun
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one
@@ -261,8 +262,8 @@ func newRun(t *testing.T, sc scenario) *run {
 	}
 
 	// The provider, as a process.
-	if sc.stripe {
-		if r.stripe, err = r.startStripe(); err != nil {
+	if sc.provider != nil {
+		if r.provider, err = r.startProvider(sc.provider); err != nil {
 			t.Fatal(err)
 		}
 	} else {
@@ -431,8 +432,8 @@ func (r *run) env(c *consumer) map[string]string {
 	if r.secured != nil {
 		maps.Copy(env, r.secured.serveEnv)
 	}
-	if r.stripe != nil {
-		maps.Copy(env, r.stripe.serveEnv(c.name))
+	if r.provider != nil {
+		maps.Copy(env, r.provider.env(c.name))
 		env["WEBHOOK_ADDR"] = c.webhook
 	}
 	return env
@@ -469,7 +470,7 @@ func (r *run) startInSlot(slot int) *consumer {
 		ip, wrap = host.nsIP, host.wrap()
 	}
 	c := &consumer{addr: fmt.Sprintf("%s:%d", ip, port), host: host}
-	if r.stripe != nil {
+	if r.provider != nil {
 		// Its provider-facing listener, behind the run's load balancer.
 		webhookPort, err := freeport.Port()
 		if err != nil {
@@ -830,8 +831,8 @@ func runScenario(t *testing.T, sc scenario) {
 
 	row.maxStop = maxStop
 	var res result
-	if r.stripe != nil {
-		res = r.verifyStripe()
+	if r.provider != nil {
+		res = r.verifyProvider()
 	} else {
 		res = r.verify()
 	}

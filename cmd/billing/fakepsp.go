@@ -102,7 +102,8 @@ func fakepspCmd(ctx context.Context, args []string, environ map[string]string, s
 	fs.Float64Var(&opts.WebhookRepeatRate, "webhook-repeat-rate", 0, "probability that a delivered webhook is delivered once more, in [0, 1]")
 	fs.Float64Var(&opts.WebhookForgeRate, "webhook-forge-rate", 0, "probability that a forged copy (bad signature, half of them claiming the opposite outcome) is posted too, in [0, 1]")
 	fs.Float64Var(&opts.WebhookStaleRate, "webhook-stale-rate", 0, "probability that a copy signed ten minutes ago is posted too, in [0, 1]")
-	fs.Float64Var(&opts.WebhookDropRate, "webhook-drop-rate", 0, "probability that a webhook is never sent, in [0, 1]")
+	fs.Float64Var(&opts.WebhookDropRate, "webhook-drop-rate", 0, "probability that a webhook is never sent, in [0, 1] (adyen: the notification of a verdict the answer gave)")
+	fs.Float64Var(&opts.PendingDropRate, "pending-drop-rate", 0, "adyen: probability that the notification of a payment answered Pending or Received is never sent, in [0, 1]")
 	fs.DurationVar(&opts.WebhookBatchWait, "webhook-batch-wait", fakepsp.DefaultWebhookBatchWait, "adyen: how long the first notification item ready waits for others to join its batch (at most six items)")
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err

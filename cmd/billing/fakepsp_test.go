@@ -252,7 +252,7 @@ func TestFakepsp_RejectsBadFlags(t *testing.T) {
 	for _, want := range []string{"PAYMENT_API_KEY", "PAYMENT_WEBHOOK_SECRET", "-latency", "-fail-rate", "-reset-rate", "-decline-every", "-seed", "-addr",
 		"-profile", "-processing-every", "-processing-delay", "-idempotency-ttl", "-stripe-version", "-stored-500-rate",
 		"-stored-500-drop-rate", "-search-lag", "-webhook-url", "-webhook-delay-min", "-webhook-delay-max", "-webhook-retry-max",
-		"-webhook-repeat-rate", "-webhook-forge-rate", "-webhook-stale-rate", "-webhook-drop-rate", "-webhook-batch-wait", "ADYEN_MERCHANT_ACCOUNT"} {
+		"-webhook-repeat-rate", "-webhook-forge-rate", "-webhook-stale-rate", "-webhook-drop-rate", "-pending-drop-rate", "-webhook-batch-wait", "ADYEN_MERCHANT_ACCOUNT"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("help lacks %q", want)
 		}

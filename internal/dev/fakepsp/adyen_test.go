@@ -499,6 +499,48 @@ func TestAdyen_WebhookFaults(t *testing.T) {
 	}
 }
 
+// WebhookDropRate drops the notification of a verdict the answer gave,
+// PendingDropRate that of a payment answered Pending or Received: the only
+// word a client gets of it.
+func TestAdyen_DropRatesByKindOfVerdict(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name          string
+		set           func(*fakepsp.Options)
+		wantNotified  []string // references notified, in order
+		wantDropped   int64
+		wantDelivered int64
+	}{
+		{"WebhookDropRate", func(o *fakepsp.Options) { o.WebhookDropRate = 1 }, []string{"evt-2"}, 1, 1},
+		{"PendingDropRate", func(o *fakepsp.Options) { o.PendingDropRate = 1 }, []string{"evt-1"}, 1, 1},
+		{"Both", func(o *fakepsp.Options) { o.WebhookDropRate, o.PendingDropRate = 1, 1 }, nil, 2, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rc := accepting(t)
+			opts := notifyingAdyen(rc)
+			tt.set(&opts)
+			psp, ts := start(t, opts)
+			wantStatus(t, postPayment(t, ts, "evt-1", adyenBody(1, "x")), http.StatusOK)
+			wantStatus(t, postPayment(t, ts, "evt-2", adyenBody(2, "stored_pending")), http.StatusOK)
+			wait.For(t, 10*time.Second, "the pending payment decided", func() bool { return psp.Stats().Adyen.PendingAuthorised == 1 })
+			waitIdle(t, psp)
+			notes, _ := adyenNotices(t, rc, hmacKey)
+			var got []string
+			for _, n := range notes {
+				got = append(got, n.IdempotencyKey)
+			}
+			if !slices.Equal(got, tt.wantNotified) {
+				t.Errorf("notified %v, want %v", got, tt.wantNotified)
+			}
+			if st := psp.Stats().Adyen.Webhooks; st.Events != 2 || st.Dropped != tt.wantDropped || st.Delivered != tt.wantDelivered {
+				t.Errorf("stats %+v: want 2 events, %d dropped, %d delivered", st, tt.wantDropped, tt.wantDelivered)
+			}
+		})
+	}
+}
+
 // OrdersChargedTwice counts authorised payments by merchantOrderReference,
 // whatever their keys; a refusal, or a payment still pending, does not
 // count.

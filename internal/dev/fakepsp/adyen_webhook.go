@@ -112,17 +112,22 @@ func adyenSignature(it adyenNotificationItem, hexKey string) string {
 }
 
 // notifyAdyenLocked notifies p's verdict with an AUTHORISATION item,
-// drawing its faults: never sent (WebhookDropRate), delivered once more
-// (WebhookRepeatRate), a forged copy too (WebhookForgeRate). s.mu must be
-// held.
+// drawing its faults: never sent (WebhookDropRate, or PendingDropRate for
+// the verdict of a payment answered Pending or Received), delivered once
+// more (WebhookRepeatRate), a forged copy too (WebhookForgeRate). s.mu
+// must be held.
 func (s *Server) notifyAdyenLocked(p *adyenPayment) {
 	st := &s.stats.Adyen.Webhooks
 	st.Events++
+	dropRate := s.opts.WebhookDropRate
+	if p.behaviour.later != "" {
+		dropRate = s.opts.PendingDropRate
+	}
 	switch {
 	case s.opts.WebhookURL == "":
 		st.NoEndpoint++
 		return
-	case s.draw(s.opts.WebhookDropRate):
+	case s.draw(dropRate):
 		st.Dropped++
 		return
 	}

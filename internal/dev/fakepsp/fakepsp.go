@@ -181,8 +181,9 @@
 // Items are sent in batches, {"live":"false","notificationItems":[...]}:
 // those ready within WebhookBatchWait of the first go together, at most
 // six, and a batch is retried until the endpoint answers 2xx with the body
-// [accepted]. Its faults are drawn per item: never sent, delivered once
-// more, a forged copy (signed with another key, half of them claiming the
+// [accepted]. Its faults are drawn per item: never sent (WebhookDropRate
+// for a verdict the answer gave, PendingDropRate for that of a payment
+// answered Pending or Received), delivered once more, a forged copy (signed with another key, half of them claiming the
 // opposite verdict) that joins whatever batch is ready; a batch of forged
 // items only is posted once. WebhookStaleRate does not apply: Adyen signs
 // no time.
@@ -355,8 +356,18 @@ type Options struct {
 	// signs no time: the adyen profile ignores it.
 	WebhookStaleRate float64 `json:"webhookStaleRate"`
 	// WebhookDropRate is the probability that a notification is never
-	// sent.
+	// sent. Adyen: the notification of a verdict its answer gave (see
+	// PendingDropRate for the others).
 	WebhookDropRate float64 `json:"webhookDropRate"`
+	// PendingDropRate is the probability that the adyen profile's
+	// notification of a payment it answered Pending or Received (its
+	// verdict, decided later) is never sent, in place of WebhookDropRate.
+	// For such a payment the notification is the only word a client gets
+	// (Adyen has no lookup, and the key replays Pending), and Adyen
+	// retries one until it is accepted rather than lose it: losing it is
+	// a fault of its own, which leaves the client's payment in progress
+	// for a human.
+	PendingDropRate float64 `json:"pendingDropRate"`
 	// WebhookBatchWait is how long the adyen profile's first notification
 	// item ready waits for others to join its batch (at most six items).
 	// 0 means DefaultWebhookBatchWait; set 1ns for no wait.
@@ -376,6 +387,7 @@ func (o Options) Validate() error {
 		{"stored500Rate", o.Stored500Rate}, {"stored500DropRate", o.Stored500DropRate},
 		{"webhookRepeatRate", o.WebhookRepeatRate}, {"webhookForgeRate", o.WebhookForgeRate},
 		{"webhookStaleRate", o.WebhookStaleRate}, {"webhookDropRate", o.WebhookDropRate},
+		{"pendingDropRate", o.PendingDropRate},
 	}
 	for _, r := range rates {
 		if r.p < 0 || r.p > 1 {
