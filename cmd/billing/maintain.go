@@ -183,7 +183,7 @@ func recordEarlyDrops(ctx context.Context, db *sqlx.DB, op operator, cfg config.
 	}
 	action, err := op.record(ctx, db, "", plan)
 	if err != nil {
-		return err
+		return fmt.Errorf("maintain: nothing done: %w", err)
 	}
 	log.Warn("dropping records earlier than the default retention; operator action recorded", "action", action.ID, "by", action.By,
 		"reason", action.Reason, "partitions", plan.Partitions, "dead_outcomes", plan.DeadOutcomes)

@@ -43,11 +43,7 @@ func (o operator) check() error {
 
 // record records that the operator is about to act on subject, with
 // details, and returns the action as recorded. An error means the command
-// must not act.
+// must not act; the caller says what it did not do.
 func (o operator) record(ctx context.Context, db sqlx.QueryerContext, subject string, details any) (audit.Action, error) {
-	a, err := audit.Record(ctx, db, audit.Action{By: *o.by, Reason: *o.reason, Command: o.command, Subject: subject}, details)
-	if err != nil {
-		return a, fmt.Errorf("%s: nothing done: %w", o.command, err)
-	}
-	return a, nil
+	return audit.Record(ctx, db, audit.Action{By: *o.by, Reason: *o.reason, Command: o.command, Subject: subject}, details)
 }

@@ -99,7 +99,7 @@ func importPaymentMethods(ctx context.Context, args []string, environ map[string
 		if postgres.IsConfigError(err) {
 			return fmt.Errorf("DATABASE_URL: %w", err)
 		}
-		return err
+		return fmt.Errorf("payment-methods import: nothing imported: %w", err)
 	}
 	log.Info("operator action recorded", "action", action.ID, "by", action.By, "reason", action.Reason)
 	if err := wallet.Save(ctx, db, cfg.Provider, methods); err != nil {

@@ -42,11 +42,10 @@ attempt). resend makes it pending again with a new window; serve's
 recovery sends it at its next round and settles it like any other.
 
 It refuses an attempt billing may still send: a pending one younger than
-PAYMENT_IDEMPOTENCY_WINDOW + PAYMENT_RECOVER_AFTER, or touched within
-PAYMENT_RECOVER_AFTER (no request starts past the window, and one started
-before is answered within PAYMENT_TIMEOUT). It refuses to resend an
-attempt the provider has an id for (record that payment's outcome
-instead). Give it serve's PAYMENT_* values.
+PAYMENT_IDEMPOTENCY_WINDOW + PAYMENT_RECOVER_AFTER (no request starts past
+the window, and one started before is answered within PAYMENT_TIMEOUT). It
+refuses to resend an attempt the provider has an id for (record that
+payment's outcome instead). Give it serve's PAYMENT_* values.
 
 Before it changes anything it records who (--by), why (--reason, required)
 and what in operator_action; when the record fails, nothing changes.
@@ -112,7 +111,7 @@ func resolveCmd(ctx context.Context, args []string, environ map[string]string, s
 	action, err := op.record(ctx, db, id.String(), resolveRecord{OrderID: a.OrderID, Was: a.Status, Outcome: v.Outcome,
 		ProviderChargeID: v.ProviderChargeID, DeclineCode: v.DeclineCode})
 	if err != nil {
-		return err
+		return fmt.Errorf("resolve: nothing done: %w", err)
 	}
 	v.Note = fmt.Sprintf("resolved by hand (operator action %d)", action.ID)
 	if v.Outcome == billing.Resend {

@@ -51,8 +51,7 @@ type Hand struct {
 	s *settler
 	// window is the provider's idempotency window, idle how long a
 	// request may be in flight unanswered (PAYMENT_RECOVER_AFTER): a
-	// pending attempt older than both, and untouched for idle, can have no
-	// request in flight.
+	// pending attempt older than both can have no request in flight.
 	window, idle time.Duration
 }
 
@@ -76,12 +75,14 @@ var ErrNotResolvable = errors.New("not resolvable by hand")
 // is open, and no request of billing's can be in flight for it or start.
 // A pending attempt within the provider's window is billing's to complete
 // (it sends it again under its key, and the provider answers from its
-// store); past the window nothing new is sent (the request's Ready refuses
-// it too), and one sent just before is answered within PAYMENT_TIMEOUT:
-// so a pending attempt must be older than the window and idle, and
-// untouched for idle. billing never sends an in_progress one again. Only
-// an attempt the provider has no id for may be sent again: otherwise the
-// provider has a payment, whose outcome is the verdict to record.
+// store); past the window nothing new is sent (a request whose turn comes
+// later is refused by its Ready), and one sent before is answered within
+// PAYMENT_TIMEOUT, shorter than idle: so a pending attempt must be older
+// than the window and idle. (Recovery's lookups touch it meanwhile; they
+// send nothing, and a verdict one of them finds first wins.) billing never
+// sends an in_progress attempt again. Only an attempt the provider has no
+// id for may be sent again: otherwise the provider has a payment, whose
+// outcome is the verdict to record.
 func (h *Hand) Check(ctx context.Context, id uuid.UUID, v Verdict) (charge.Aged, error) {
 	a, err := charge.GetAged(ctx, h.s.db, id)
 	if err != nil {
@@ -91,9 +92,9 @@ func (h *Hand) Check(ctx context.Context, id uuid.UUID, v Verdict) (charge.Aged,
 	switch {
 	case !charge.Open(a.Status):
 		return a, fmt.Errorf("%w: attempt %s is %s already", ErrNotResolvable, id, a.Status)
-	case a.Status == charge.Pending && (a.Age <= h.window+h.idle || a.Idle <= h.idle):
-		return a, fmt.Errorf("%w: attempt %s is pending, created %s ago and touched %s ago: billing may still send it until it is older than PAYMENT_IDEMPOTENCY_WINDOW + PAYMENT_RECOVER_AFTER (%s) and untouched for PAYMENT_RECOVER_AFTER (%s); it completes it by itself meanwhile",
-			ErrNotResolvable, id, a.Age.Round(time.Second), a.Idle.Round(time.Second), h.window+h.idle, h.idle)
+	case a.Status == charge.Pending && a.Age <= h.window+h.idle:
+		return a, fmt.Errorf("%w: attempt %s is pending, created %s ago: billing may still send it until it is older than PAYMENT_IDEMPOTENCY_WINDOW + PAYMENT_RECOVER_AFTER (%s), and completes it by itself meanwhile; resolve it by hand after %s",
+			ErrNotResolvable, id, a.Age.Round(time.Second), h.window+h.idle, (h.window + h.idle - a.Age).Round(time.Second))
 	case v.Outcome == Resend && recorded != "":
 		return a, fmt.Errorf("%w: the provider has a payment for attempt %s (%s): record its outcome (succeeded or declined) instead of sending it again", ErrNotResolvable, id, recorded)
 	case v.Outcome == charge.Succeeded && v.ProviderChargeID == "" && recorded == "":
@@ -115,7 +116,7 @@ var ErrSettledMeanwhile = errors.New("the attempt was settled meanwhile by billi
 // attempt that recovery sends at its next round.
 func (h *Hand) Record(ctx context.Context, a charge.Row, v Verdict) (charge.Row, error) {
 	if v.Outcome == Resend {
-		changed, err := charge.SendAgain(ctx, h.s.db, a.EventID, v.Note, h.window+h.idle, h.idle)
+		changed, err := charge.SendAgain(ctx, h.s.db, a.EventID, v.Note, h.window+h.idle)
 		if err != nil {
 			return a, err
 		}

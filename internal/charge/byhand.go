@@ -16,14 +16,13 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// Aged is an attempt with its ages by the database's clock, so that an
+// Aged is an attempt with its age by the database's clock, so that an
 // operator's clock does not decide whether a request may be in flight.
 type Aged struct {
 	Row
-	// Age is how long ago the attempt was created (its idempotency
-	// window's start), Idle how long ago anyone last touched it
-	// (updated_at: a claim, a settle, recovery taking it).
-	Age, Idle time.Duration
+	// Age is how long ago the attempt was created: its idempotency
+	// window's start.
+	Age time.Duration
 }
 
 // ErrNoAttempt: the charge table has no attempt of the event.
@@ -33,11 +32,9 @@ var ErrNoAttempt = errors.New("no charge attempt of the event")
 func GetAged(ctx context.Context, q sqlx.QueryerContext, id uuid.UUID) (Aged, error) {
 	var r struct {
 		Row
-		Age  float64 `db:"age_s"`
-		Idle float64 `db:"idle_s"`
+		Age float64 `db:"age_s"`
 	}
-	err := sqlx.GetContext(ctx, q, &r, `SELECT `+Columns+`,
-    extract(epoch FROM now() - created_at)::float8 AS age_s, extract(epoch FROM now() - updated_at)::float8 AS idle_s
+	err := sqlx.GetContext(ctx, q, &r, `SELECT `+Columns+`, extract(epoch FROM now() - created_at)::float8 AS age_s
 FROM charge WHERE event_id = $1`, id.String())
 	if errors.Is(err, sql.ErrNoRows) {
 		return Aged{}, fmt.Errorf("%w %s", ErrNoAttempt, id)
@@ -45,27 +42,24 @@ FROM charge WHERE event_id = $1`, id.String())
 	if err != nil {
 		return Aged{}, fmt.Errorf("read charge attempt %s: %w", id, err)
 	}
-	return Aged{Row: r.Row, Age: seconds(r.Age), Idle: seconds(r.Idle)}, nil
+	return Aged{Row: r.Row, Age: time.Duration(r.Age * float64(time.Second))}, nil
 }
-
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // SendAgain makes the open attempt id a new pending attempt under the same
 // key, for recovery to send at its next round: the provider has no payment
 // for it and forgot the key, so the same key starts a new payment. Its
 // idempotency window starts now; note is its last_error. It changes an
 // attempt only while nothing can be in flight for it: in progress with no
-// provider id, or pending, created longer than quiet ago and untouched
-// for idle (the caller's rule, repeated here so that a change between its
-// check and this statement is not overwritten). It reports whether it
-// changed it.
-func SendAgain(ctx context.Context, db sqlx.ExecerContext, id uuid.UUID, note string, quiet, idle time.Duration) (bool, error) {
+// provider id, or pending and created longer than quiet ago (the caller's
+// rule, repeated here so that a change between its check and this
+// statement is not overwritten). It reports whether it changed it.
+func SendAgain(ctx context.Context, db sqlx.ExecerContext, id uuid.UUID, note string, quiet time.Duration) (bool, error) {
 	const q = `
 UPDATE charge SET status = $2, created_at = now(), updated_at = '-infinity', settled_at = NULL, resolve_at = NULL,
     indeterminate = 0, last_error = $3
 WHERE event_id = $1 AND provider_charge_id IS NULL
-  AND (status = $4 OR (status = $2 AND created_at < now() - make_interval(secs => $5) AND updated_at < now() - make_interval(secs => $6)))`
-	res, err := db.ExecContext(ctx, q, id.String(), Pending, note, InProgress, quiet.Seconds(), idle.Seconds())
+  AND (status = $4 OR (status = $2 AND created_at < now() - make_interval(secs => $5)))`
+	res, err := db.ExecContext(ctx, q, id.String(), Pending, note, InProgress, quiet.Seconds())
 	if err != nil {
 		return false, fmt.Errorf("send charge attempt %s again: %w", id, err)
 	}

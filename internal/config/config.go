@@ -304,7 +304,7 @@ type Resolve struct {
 	// attempt is resolved by hand only once billing can no longer send it.
 	IdempotencyWindow time.Duration `env:"PAYMENT_IDEMPOTENCY_WINDOW" envDefault:"0" help:"how long the provider keeps an idempotency key, as serve has it (0: the provider's, 24h for contract and stripe, 744h for adyen); a pending attempt is resolved by hand only once older than it and PAYMENT_RECOVER_AFTER"`
 	Timeout           time.Duration `env:"PAYMENT_TIMEOUT" envDefault:"10s" help:"timeout of one provider request, as serve has it"`
-	RecoverAfter      time.Duration `env:"PAYMENT_RECOVER_AFTER" envDefault:"0" help:"as serve has it (0: the longer of 1m and 2 × PAYMENT_TIMEOUT): a pending attempt touched more recently than this may have a request in flight, and is not resolved by hand"`
+	RecoverAfter      time.Duration `env:"PAYMENT_RECOVER_AFTER" envDefault:"0" help:"as serve has it (0: the longer of 1m and 2 × PAYMENT_TIMEOUT): a request sent before PAYMENT_IDEMPOTENCY_WINDOW passed is answered within it"`
 	Log               Log
 }
 

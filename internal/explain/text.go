@@ -29,7 +29,7 @@ func summary(ev *Event, horizon time.Time) string {
 	case a != nil && a.Status == charge.Rejected:
 		s = "not charged: its request was refused or not sent (rejected)"
 	case a != nil && a.Status == charge.Pending:
-		s = fmt.Sprintf("not decided: its attempt is pending since %s, no answer recorded (%d requests)", stamp(a.CreatedAt), a.Requests)
+		s = fmt.Sprintf("not decided: its attempt is pending since %s, no answer recorded (requests sent: %d)", stamp(a.CreatedAt), a.Requests)
 	case a != nil && a.Status == charge.InProgress:
 		s = fmt.Sprintf("not decided: the provider holds its payment %s without a verdict since %s", cmp.Or(a.ProviderChargeID, "(no id)"), stamp(a.CreatedAt))
 	case ev.Waiting != nil:
@@ -48,10 +48,10 @@ func summary(ev *Event, horizon time.Time) string {
 	}
 	var copies []string
 	if n := len(ev.Reads); n > 1 {
-		copies = append(copies, fmt.Sprintf("read %d times", n))
+		copies = append(copies, "read "+times(n))
 	}
 	if n := len(ev.Parkings); n > 0 {
-		copies = append(copies, fmt.Sprintf("parked %d times", n))
+		copies = append(copies, "parked "+times(n))
 	}
 	replays := 0
 	for _, r := range ev.Reads {
@@ -60,7 +60,7 @@ func summary(ev *Event, horizon time.Time) string {
 		}
 	}
 	if replays > 0 {
-		copies = append(copies, fmt.Sprintf("replayed %d times", replays))
+		copies = append(copies, "replayed "+times(replays))
 	}
 	if len(copies) > 0 {
 		s += "; " + strings.Join(copies, ", ")
@@ -137,7 +137,7 @@ func (p *printer) event(ev Event) {
 		p.line("  claimed   no record in processed_event")
 	}
 	if a := ev.Attempt; a != nil {
-		p.line("  attempt   %s: %s %s, order %d, customer %d; %d requests", a.Status, a.Amount, a.Currency, a.OrderID, a.CustomerID, a.Requests)
+		p.line("  attempt   %s: %s %s, order %d, customer %d; requests sent: %d", a.Status, a.Amount, a.Currency, a.OrderID, a.CustomerID, a.Requests)
 		var ids []string
 		for _, f := range []struct{ name, v string }{{"provider", a.ProviderChargeID}, {"decline code", a.DeclineCode},
 			{"customer ref", a.CustomerRef}, {"payment method", a.PaymentMethodRef}, {"counted by", a.CountedBy}} {
@@ -227,6 +227,17 @@ func (p *printer) search(s Search) {
 		result += " (stopped: " + s.Stopped + ")"
 	}
 	p.line("  %s, %s: partitions [%s] %s: %s", s.Topic, s.For, strings.Join(parts, " "), window, result)
+}
+
+// times is n as a count of occurrences: once, twice, 3 times.
+func times(n int) string {
+	switch n {
+	case 1:
+		return "once"
+	case 2:
+		return "twice"
+	}
+	return fmt.Sprintf("%d times", n)
 }
 
 // stamp writes t in UTC, to the millisecond.
