@@ -93,7 +93,9 @@ VALUES ($1, $2, $3, 100, 'EUR', 'pending', now() - $4::interval, now() - $4::int
 		}
 	}
 
-	resolve := func(args ...string) (string, error) { return runBilling(t, env, append([]string{"resolve"}, args...)...) }
+	resolve := func(args ...string) (string, error) {
+		return runBilling(t, env, append([]string{"resolve"}, args...)...)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
