@@ -91,18 +91,6 @@ func (c *dlqConfig) Validate() error {
 	return errors.Join(c.Kafka.Validate(), c.Database.Validate(), c.Log.Validate())
 }
 
-// replayPlan is what a replay records in operator_action before it
-// republishes anything.
-type replayPlan struct {
-	DLQTopic string `json:"dlqTopic"`
-	Group    string `json:"group"`
-	Code     string `json:"code,omitempty"`
-	Max      int    `json:"max,omitempty"`
-	// Ranges are the dead-letter offsets [from, to) it goes through, by
-	// partition; the messages of another code are passed over.
-	Ranges map[int32]dlq.Range `json:"ranges"`
-}
-
 // dlqReplayCmd republishes parked messages.
 func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
 	var cfg dlqConfig
@@ -112,7 +100,7 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 	dryRun := fs.Bool("dry-run", false, "list what would be replayed; publish, commit and record nothing")
 	maxN := fs.Int("max", 0, "republish at most this many messages, then stop (0: no limit); a later run goes on")
 	group := fs.String("group", "", "consumer group that tracks the replay's progress (default: <KAFKA_GROUP_ID>-dlq-replay, and -<code> with --code)")
-	op := operatorFlags(fs, "dlq replay")
+	op := operatorFlags(fs, dlq.ReplayCommand)
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
@@ -179,7 +167,7 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 		},
 		Begin: func(ranges map[int32]dlq.Range) (string, error) {
 			var err error
-			action, err = op.record(ctx, db, cfg.Kafka.DLQTopic, replayPlan{DLQTopic: cfg.Kafka.DLQTopic, Group: *group, Code: *only, Max: *maxN, Ranges: ranges})
+			action, err = op.record(ctx, db, cfg.Kafka.DLQTopic, dlq.Plan{DLQTopic: cfg.Kafka.DLQTopic, Group: *group, Code: *only, Max: *maxN, Ranges: ranges})
 			if err != nil {
 				if postgres.IsConfigError(err) {
 					return "", fmt.Errorf("DATABASE_URL: %w", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"example.com/billing/internal/dev/fakepsp"
+	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/explain"
 	"example.com/billing/internal/outbox"
 	"example.com/billing/internal/testenv/kafkatest"
@@ -137,16 +138,17 @@ func TestExplain_EachKindOfEvent(t *testing.T) {
 		t.Fatalf("billing audit lists %d actions, want the replay alone:\n%s", len(listing.Actions), out)
 	}
 	replay := listing.Actions[0]
-	var plan replayPlan
+	var plan dlq.Plan
 	if err := json.Unmarshal(replay.Details, &plan); err != nil || replay.Command != "dlq replay" || replay.By != "alice" ||
 		replay.Reason != "INC-42: the provider's key store is fixed" || replay.Subject != h.broker.DLQTopic ||
 		plan.Code != "provider-rejected" || len(plan.Ranges) == 0 {
 		t.Errorf("the replay was recorded as %+v (details %s)", replay, replay.Details)
 	}
-	if text, _ := runBilling(t, env, "audit"); !strings.Contains(text, "alice  dlq replay  "+h.broker.DLQTopic) ||
-		!strings.Contains(text, "why:  INC-42") || !strings.Contains(text, "1 operator actions since") {
+	text, _ := runBilling(t, env, "audit")
+	if !strings.Contains(text, "alice  dlq replay  "+h.broker.DLQTopic) || !strings.Contains(text, "why:  INC-42") || !strings.Contains(text, "1 operator actions since") {
 		t.Errorf("billing audit:\n%s", text)
 	}
+	t.Logf("billing audit, after the replay:\n%s", text)
 
 	type want struct {
 		reads, replays, claims int

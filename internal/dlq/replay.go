@@ -104,6 +104,29 @@ type Range struct {
 	To   int64 `json:"to"`
 }
 
+// ReplayCommand is the command of a replay's operator action.
+const ReplayCommand = "dlq replay"
+
+// Plan is what a replay records in its operator action before it
+// republishes anything, and what billing explain reads back to tell which
+// replay went through a parked message.
+type Plan struct {
+	DLQTopic string `json:"dlqTopic"`
+	Group    string `json:"group"`
+	Code     string `json:"code,omitempty"`
+	Max      int    `json:"max,omitempty"`
+	// Ranges are the dead-letter offsets it goes through, by partition;
+	// the messages of another code are passed over.
+	Ranges map[int32]Range `json:"ranges"`
+}
+
+// Covers reports whether the replay planned went through the message
+// parked at offset of DLQ partition with reason (its x-dlq-reason).
+func (p Plan) Covers(partition int32, offset int64, why string) bool {
+	rg, ok := p.Ranges[partition]
+	return ok && rg.From <= offset && offset < rg.To && (p.Code == "" || string(reason.Parse(why).Code) == p.Code)
+}
+
 // Replayed describes one parked message that was (or would be) republished.
 // It carries no value: values may hold customer data.
 type Replayed struct {

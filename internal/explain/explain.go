@@ -17,6 +17,7 @@
 package explain
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -294,7 +295,7 @@ func (t *Teller) finish(ctx context.Context, st *Story, rec *records) error {
 		}
 		actions = append(actions, more...)
 	}
-	slices.SortFunc(actions, func(a, b audit.Action) int { return int(a.ID - b.ID) })
+	slices.SortFunc(actions, func(a, b audit.Action) int { return cmp.Compare(a.ID, b.ID) })
 	st.Actions = slices.CompactFunc(actions, func(a, b audit.Action) bool { return a.ID == b.ID })
 
 	var paid *charge.Row

@@ -26,6 +26,7 @@ import (
 	"github.com/gofrs/uuid/v5"
 
 	"example.com/billing/internal/audit"
+	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/order"
@@ -200,14 +201,14 @@ func (s *searcher) event(ev *Event, orderID int64, replays []audit.Action) {
 			first = append([]int32{part}, first...)
 		}
 	}
-	isEvent := func(m *sarama.ConsumerMessage) bool { return isEvent(m, ev.EventID, id) }
-	for _, m := range s.find(query{topic: topics.Orders, what: "event " + ev.EventID.String(), first: first, from: from, to: to, match: isEvent}) {
+	matches := func(m *sarama.ConsumerMessage) bool { return isEvent(m, ev.EventID, id) }
+	for _, m := range s.find(query{topic: topics.Orders, what: "event " + ev.EventID.String(), first: first, from: from, to: to, match: matches}) {
 		ev.addRead(readOf(m))
 	}
 	// A parking names its message exactly: read it, wherever the window
 	// ended.
 	for _, p := range ev.Parkings {
-		if m := s.at(p, topics.Orders); m != nil && isEvent(m) {
+		if m := s.at(p, topics.Orders); m != nil && matches(m) {
 			ev.addRead(readOf(m))
 		}
 	}
@@ -220,7 +221,7 @@ func (s *searcher) event(ev *Event, orderID int64, replays []audit.Action) {
 			continue
 		}
 		for _, m := range s.find(query{topic: topics.Orders, what: fmt.Sprintf("event %s republished by operator action %d", ev.EventID, a.ID),
-			first: []int32{part}, from: a.At.Add(-slack), to: a.At.Add(replayedWithin), match: isEvent}) {
+			first: []int32{part}, from: a.At.Add(-slack), to: a.At.Add(replayedWithin), match: matches}) {
 			ev.addRead(readOf(m))
 		}
 	}
@@ -267,7 +268,7 @@ func (s *searcher) outcomes(ev *Event, key string, id []byte) {
 // attempt, an outcome recorded, a parking for a reason whose failure is
 // announced.
 func (ev *Event) outcomeExpected() bool {
-	if len(ev.Outcomes) > 0 || (ev.Attempt != nil && ev.Attempt.Status != "pending" && ev.Attempt.Status != "in_progress") {
+	if len(ev.Outcomes) > 0 || (ev.Attempt != nil && !charge.Open(ev.Attempt.Status)) {
 		return true
 	}
 	for _, p := range ev.Parkings {
@@ -421,19 +422,12 @@ func (s *searcher) at(p Parking, orders string) *sarama.ConsumerMessage {
 // range covers the parking's offset, and its code, if any, the parking's
 // reason), and to which partition of the order topic.
 func (s *searcher) replayed(a audit.Action, parkings []Parking, orders string) (int32, bool) {
-	if a.Command != "dlq replay" {
-		return 0, false
-	}
-	var plan struct {
-		Code   string               `json:"code"`
-		Ranges map[string]dlq.Range `json:"ranges"`
-	}
-	if json.Unmarshal(a.Details, &plan) != nil {
+	var plan dlq.Plan
+	if a.Command != dlq.ReplayCommand || json.Unmarshal(a.Details, &plan) != nil {
 		return 0, false
 	}
 	for _, p := range parkings {
-		rg, ok := plan.Ranges[strconv.FormatInt(int64(p.Partition), 10)]
-		if !ok || p.Offset < rg.From || p.Offset >= rg.To || (plan.Code != "" && string(reason.Parse(p.Reason).Code) != plan.Code) {
+		if !plan.Covers(p.Partition, p.Offset, p.Reason) {
 			continue
 		}
 		if part, ok := originalPartition(p, orders); ok {

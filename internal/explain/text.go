@@ -75,7 +75,7 @@ func WriteText(w io.Writer, st Story) error {
 		p.line("order %d: %d events", st.OrderID, len(st.Events))
 	}
 	for _, ev := range st.Events {
-		p.event(ev)
+		p.event(ev, len(st.Searches) > 0)
 	}
 	p.line("operator actions:")
 	if len(st.Actions) == 0 {
@@ -112,7 +112,8 @@ func (p *printer) line(format string, args ...any) {
 	}
 }
 
-func (p *printer) event(ev Event) {
+// event writes ev; searched says whether Kafka was searched at all.
+func (p *printer) event(ev Event, searched bool) {
 	p.line("event %s: %s", ev.EventID, ev.Summary)
 	if ev.Created != nil {
 		p.line("  created   %s (the time in its id)", stamp(*ev.Created))
@@ -127,8 +128,12 @@ func (p *printer) event(ev Event) {
 		}
 		p.line("%s", s)
 	}
-	if len(ev.Reads) == 0 {
+	switch {
+	case len(ev.Reads) > 0:
+	case searched:
 		p.line("  read      not found on the order topic within the searches' bounds (below)")
+	default:
+		p.line("  read      unknown: Kafka was not searched")
 	}
 	for _, c := range ev.Claims {
 		p.line("  claimed   by %s at %s (claim protocol %d)", c.Group, stamp(c.ProcessedAt), c.ClaimedWith)
@@ -197,7 +202,7 @@ func (p *printer) event(ev Event) {
 		p.line("%s", s)
 	}
 	if len(ev.Outcomes) == 0 {
-		p.line("  outcome   none recorded or found")
+		p.line("  outcome   none in the outbox or found on the outcome topic")
 	}
 	for _, n := range ev.Notified {
 		p.line("  notified  %s %s %s at %s, received %s", n.PaymentRef, n.Status, n.Amount, stamp(n.CreatedAt), stamp(n.ReceivedAt))
