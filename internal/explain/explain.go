@@ -209,13 +209,12 @@ type Teller struct {
 	topics   Topics
 	provider string // PAYMENT_PROVIDER: whose notifications were kept
 	limits   Limits
-	now      func() time.Time
 }
 
 // NewTeller returns a Teller that reads db and, with client not nil, the
 // topics; provider is PAYMENT_PROVIDER.
 func NewTeller(db *sqlx.DB, client sarama.Client, topics Topics, provider string, limits Limits) *Teller {
-	return &Teller{db: db, kafka: client, topics: topics, provider: provider, limits: limits, now: time.Now}
+	return &Teller{db: db, kafka: client, topics: topics, provider: provider, limits: limits}
 }
 
 // ErrNotSubject: what was asked about is neither an event id nor an
@@ -243,7 +242,7 @@ func (t *Teller) Tell(ctx context.Context, subject string) (Story, error) {
 	if len(ids) == 0 {
 		ids = rec.eventIDs()
 		if len(ids) == 0 {
-			st.Notes = append(st.Notes, fmt.Sprintf("billing recorded no attempt, waiting event or outcome of order %d (declined and rejected attempts looked for since %s); an event of it that was parked before its claim or that was a duplicate of a charged one names no order in the database: explain it by its event id",
+			st.Notes = append(st.Notes, fmt.Sprintf("billing recorded no attempt or waiting event of order %d (declined and rejected attempts looked for since %s); an event of it that was parked before its claim or that was a duplicate of a charged one names no order in the database: explain it by its event id",
 				st.OrderID, rec.declinedSince.Format(time.RFC3339)))
 		}
 	}

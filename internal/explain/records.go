@@ -57,7 +57,7 @@ const attemptColumns = charge.Columns + `, updated_at, settled_at, resolve_at, c
 func (t *Teller) records(ctx context.Context, ids []uuid.UUID, orderID int64) (*records, error) {
 	rec := &records{attempts: map[uuid.UUID]Attempt{}, claims: map[uuid.UUID][]Claim{}, waiting: map[uuid.UUID]Waiting{},
 		outcomes: map[uuid.UUID][]Outcome{}, notified: map[uuid.UUID][]Notified{}, orders: map[uuid.UUID]int64{},
-		declinedSince: t.now().Add(-t.limits.Declined).UTC()}
+		declinedSince: time.Now().Add(-t.limits.Declined).UTC()}
 	var rows []attemptRow
 	var waits []waitingRow
 	var err error

@@ -125,7 +125,7 @@ type searcher struct {
 // earliest is the earliest time the story's records name, from which
 // the replays of its events are looked for.
 func (s *searcher) earliest(st *Story) time.Time {
-	at := s.t.now()
+	at := time.Now()
 	for _, ev := range st.Events {
 		for _, t := range ev.times() {
 			at = minTime(at, t)
