@@ -71,8 +71,8 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test ./internal/order -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME)
 
-## lint: formatting, go vet, staticcheck and lint-migrations (which needs
-## squawk, see below)
+## lint: formatting, go vet, staticcheck and lint-migrations (which installs
+## squawk when it is missing, see below)
 lint: fmt-check vet staticcheck lint-migrations
 
 fmt-check:
@@ -129,8 +129,12 @@ stripe-mock:
 	fi
 
 ## lint-migrations: db/migrations' Up sections against billing's rules and
-## squawk's, less db/migrations/lint-exceptions.md (docs/deployment.md)
-lint-migrations:
+## squawk's, less db/migrations/lint-exceptions.md (docs/deployment.md);
+## installs the pinned squawk first when it is missing (make squawk)
+# It depends on the pinned squawk's file, so that a fresh clone's make lint
+# installs it as make kafka installs its jars; a SQUAWK=<path> of the
+# user's own is used as it is, never installed over.
+lint-migrations: $(if $(filter $(SQUAWK_DIR)/bin/squawk,$(SQUAWK)),$(SQUAWK_DIR)/bin/squawk)
 	$(GO) run ./internal/migrationlint/cmd/migrationlint -squawk $(SQUAWK) -squawk-version $(SQUAWK_VERSION) db/migrations
 
 ## vuln: known vulnerabilities (needs access to vuln.go.dev)

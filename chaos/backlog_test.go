@@ -74,7 +74,10 @@ func (r *run) startMaintainLoop(name string) *maintainLoop {
 			default:
 			}
 			var out bytes.Buffer
-			p, err := startProc(name, filepath.Join(r.dir, name+".log"), env, &out, "maintain")
+			// A scenario's retention may be shorter than the default
+			// (the backlog's outbox keeps a day): maintain then says why.
+			p, err := startProc(name, filepath.Join(r.dir, name+".log"), env, &out, "maintain",
+				"--reason", "chaos: maintain run over and over", "--by", "chaos")
 			if err != nil {
 				l.fail(err.Error())
 				return

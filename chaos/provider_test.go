@@ -258,7 +258,8 @@ func (r *run) importMethods(name string, method func(customer int64) string) (in
 			n++
 		}
 	}
-	out, err := r.billingCommand(name, map[string]string{"DATABASE_URL": r.dsn, "PAYMENT_PROVIDER": p.name}, &csv, "payment-methods", "import")
+	out, err := r.billingCommand(name, map[string]string{"DATABASE_URL": r.dsn, "PAYMENT_PROVIDER": p.name}, &csv, "payment-methods", "import",
+		"--reason", "chaos: the cards of the stream's customers", "--by", "chaos")
 	if err != nil {
 		return 0, err
 	}
@@ -383,8 +384,10 @@ func (r *run) replayNoPaymentMethod() error {
 	env := map[string]string{
 		"KAFKA_BROKERS": r.brokers, "KAFKA_TOPIC": r.topic, "KAFKA_DLQ_TOPIC": r.dlqTopic,
 		"KAFKA_OUTCOME_TOPIC": r.outcomeTopic, "KAFKA_GROUP_ID": r.group, "KAFKA_CLIENT_ID": "chaos-dlq-replay",
+		"DATABASE_URL": r.dsn,
 	}
-	out, err := r.billingCommand("dlq-replay", env, nil, "dlq", "replay", "--reason", string(reason.NoPaymentMethod))
+	out, err := r.billingCommand("dlq-replay", env, nil, "dlq", "replay", "--code", string(reason.NoPaymentMethod),
+		"--reason", "chaos: the missing cards are imported", "--by", "chaos")
 	if err != nil {
 		return err
 	}
@@ -394,7 +397,7 @@ func (r *run) replayNoPaymentMethod() error {
 	}
 	n, _ := strconv.Atoi(m[1]) // the pattern's digits
 	r.provider.replayed = n
-	r.t.Logf("[+%s] billing dlq replay --reason %s: %d messages republished", r.elapsed(), reason.NoPaymentMethod, n)
+	r.t.Logf("[+%s] billing dlq replay --code %s: %d messages republished", r.elapsed(), reason.NoPaymentMethod, n)
 	return nil
 }
 

@@ -36,6 +36,7 @@ var aclCommands = []aclCommand{
 	{"billing dlq replay", "User:billing-dlq-replay", func(k config.Kafka) []kafkaacl.ACL {
 		return kafkaacl.Replay(k, kafkaacl.ReplayGroupPrefix(k))
 	}},
+	{"billing explain", "User:billing-explain", kafkaacl.Explain},
 	{"billing produce", "User:billing-produce", kafkaacl.Produce},
 }
 

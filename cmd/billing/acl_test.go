@@ -247,13 +247,14 @@ func (a *aclFixture) replay(t *testing.T, big []byte) {
 	group := kafkaacl.ReplayGroupPrefix(k)
 	acls := kafkaacl.Replay(k, group)
 	env, client := a.user(t, "billing-dlq-replay", acls)
+	env["DATABASE_URL"] = h.dsn // where the replay records who ordered it
 	topicEnd := kafkatest.EndOffsets(t, h.client, h.broker.Topic)
 
 	for _, acl := range acls {
 		t.Run(acl.String(), func(t *testing.T) {
 			a.revokeForTest(t, userOf(env), client, acls, acl)
 			var stdout, stderr bytes.Buffer
-			err := run(context.Background(), []string{"billing", "dlq", "replay"}, env, nil, &stdout, &stderr)
+			err := run(context.Background(), []string{"billing", "dlq", "replay", "--reason", "a test replays"}, env, nil, &stdout, &stderr)
 			var missing *kafkaacl.MissingError
 			if err == nil || !strings.Contains(err.Error(), acl.Explain()) || !errors.As(err, &missing) || !slices.Equal(missing.Missing, []kafkaacl.ACL{acl}) {
 				t.Fatalf("dlq replay without %s returned %v, want an error naming it alone", acl, err)

@@ -370,7 +370,8 @@ func (d *demo) importMethods(ctx context.Context) (int, error) {
 		fmt.Fprintf(&csv, "%d,"+demoCustomerRef[d.opts.provider]+",%s\n", c, c, methods[demoCardOf(c, d.opts.declineEvery)])
 	}
 	env := map[string]string{"DATABASE_URL": d.dsn, "PAYMENT_PROVIDER": d.opts.provider, "LOG_FORMAT": "text"}
-	if err := importPaymentMethods(ctx, nil, env, strings.NewReader(csv.String()), io.Discard, d.logFile); err != nil {
+	args := []string{"--reason", "the demo saves its customers' cards", "--by", "billing demo"}
+	if err := importPaymentMethods(ctx, args, env, strings.NewReader(csv.String()), io.Discard, d.logFile); err != nil {
 		return 0, fmt.Errorf("demo: import payment methods: %w", err)
 	}
 	return demoCustomers, nil

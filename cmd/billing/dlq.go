@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 
+	"example.com/billing/internal/audit"
 	"example.com/billing/internal/config"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/dlq/reason"
 	"example.com/billing/internal/kafkaacl"
+	"example.com/billing/internal/postgres"
 )
 
 const dlqUsage = `Usage: billing dlq <command> [flags]
@@ -55,9 +58,17 @@ It is a batch job: it goes up to the dead-letter topic's end offsets as of
 its start, then exits. Its progress is committed to a consumer group of its
 own (--group) only after each republished message was acknowledged, so a
 run that stopped is resumed by the next one with the same flags, and a
-committed message is never republished. With --reason the default group is
-named after the reason, so that the messages passed over stay there for a
-replay of their own reason. It reads the Kafka settings as serve does.`
+committed message is never republished. With --code the default group is
+named after the reason code, so that the messages passed over stay there
+for a replay of their own code. It reads the Kafka settings as serve does.
+
+A replay changes money-relevant state (a replayed event may be charged):
+before it republishes anything it records who (--by), why (--reason,
+required but for a dry run) and what (the dead-letter ranges, --code,
+--max, the group) in operator_action (DATABASE_URL), and marks every
+message it republishes with the action's id (header
+x-dlq-replay-action), which billing explain reads. When the record
+fails, nothing is republished. billing audit lists the replays.`
 
 // reasonCodes lists the x-dlq-reason codes billing writes.
 func reasonCodes() string {
@@ -68,31 +79,46 @@ func reasonCodes() string {
 	return strings.Join(codes, ", ")
 }
 
-// dlqConfig is what dlq replay reads from the environment.
+// dlqConfig is what dlq replay reads from the environment: the broker,
+// and the database where it records the operator's action.
 type dlqConfig struct {
-	Kafka config.Kafka
-	Log   config.Log
+	Kafka    config.Kafka
+	Database config.Database
+	Log      config.Log
 }
 
-func (c *dlqConfig) Validate() error { return errors.Join(c.Kafka.Validate(), c.Log.Validate()) }
+func (c *dlqConfig) Validate() error {
+	return errors.Join(c.Kafka.Validate(), c.Database.Validate(), c.Log.Validate())
+}
 
 // dlqReplayCmd republishes parked messages.
 func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
 	var cfg dlqConfig
 	fs := newFlagSet("dlq replay", about{synopsis: "[flags]", description: dlqReplayHelp, env: &cfg,
-		example: "KAFKA_BROKERS=kafka-1:9092 billing dlq replay --reason provider-rejected --dry-run"})
-	only := fs.String("reason", "", "replay only the messages whose x-dlq-reason code is this: "+reasonCodes()+" (default: all)")
-	dryRun := fs.Bool("dry-run", false, "list what would be replayed; publish and commit nothing")
+		example: `KAFKA_BROKERS=kafka-1:9092 DATABASE_URL=... billing dlq replay --code provider-rejected --reason "INC-42: the provider's fix is deployed"`})
+	only := fs.String("code", "", "replay only the messages whose x-dlq-reason code is this: "+reasonCodes()+" (default: all)")
+	dryRun := fs.Bool("dry-run", false, "list what would be replayed; publish, commit and record nothing")
 	maxN := fs.Int("max", 0, "republish at most this many messages, then stop (0: no limit); a later run goes on")
-	group := fs.String("group", "", "consumer group that tracks the replay's progress (default: <KAFKA_GROUP_ID>-dlq-replay, and -<reason> with --reason)")
+	group := fs.String("group", "", "consumer group that tracks the replay's progress (default: <KAFKA_GROUP_ID>-dlq-replay, and -<code> with --code)")
+	op := operatorFlags(fs, dlq.ReplayCommand)
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
 	}
 	if *only != "" && !slices.Contains(reason.Codes, reason.Code(*only)) {
-		return fmt.Errorf("dlq replay: --reason %q is not a reason code; use one of %s", *only, reasonCodes())
+		return fmt.Errorf("dlq replay: --code %q is not a reason code; use one of %s", *only, reasonCodes())
+	}
+	if *only == "" && slices.Contains(reason.Codes, reason.Code(*op.reason)) {
+		// --reason named the code to replay before it said why: such a
+		// command line would now replay every code.
+		return fmt.Errorf("dlq replay: --reason %q is a reason code: --code %s replays the messages parked for it, --reason says why you replay them", *op.reason, *op.reason)
 	}
 	if *maxN < 0 {
 		return errors.New("dlq replay: --max must not be negative")
+	}
+	if !*dryRun {
+		if err := op.check(); err != nil {
+			return err
+		}
 	}
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
@@ -110,12 +136,19 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 	}
 	log := newLogger(stderr, cfg.Log)
 	log.Info("dlq replay starting", "version", version, "kafka", cfg.Kafka, "group", *group,
-		"reason", *only, "dry_run", *dryRun, "max", *maxN)
+		"code", *only, "dry_run", *dryRun, "max", *maxN, "by", *op.by, "why", *op.reason)
+
+	db, err := postgres.Open(cfg.Database.URL, 1)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer db.Close()
 
 	verb := "replayed"
 	if *dryRun {
 		verb = "would replay"
 	}
+	var action audit.Action
 	rep, err := dlq.Replay(ctx, cfg.Kafka, dlq.ReplayOptions{
 		DLQTopic: cfg.Kafka.DLQTopic,
 		Topic:    cfg.Kafka.Topic,
@@ -132,9 +165,24 @@ func dlqReplayCmd(ctx context.Context, args []string, environ map[string]string,
 			fmt.Fprintf(stdout, "%s %s/%d@%d key=%q -> %s/%d reason=%q\n",
 				verb, cfg.Kafka.DLQTopic, r.DLQPartition, r.DLQOffset, r.Key, r.Topic, r.Partition, r.Reason)
 		},
+		Begin: func(ranges map[int32]dlq.Range) (string, error) {
+			var err error
+			action, err = op.record(ctx, db, cfg.Kafka.DLQTopic, dlq.Plan{DLQTopic: cfg.Kafka.DLQTopic, Group: *group, Code: *only, Max: *maxN, Ranges: ranges})
+			if err != nil {
+				if postgres.IsConfigError(err) {
+					return "", fmt.Errorf("DATABASE_URL: %w", err)
+				}
+				return "", err
+			}
+			log.Info("operator action recorded", "action", action.ID, "by", action.By, "reason", action.Reason)
+			return strconv.FormatInt(action.ID, 10), nil
+		},
 	}, log)
 	summary := fmt.Sprintf("%s %d, passed over %d with another reason, from %s (group %s)",
 		verb, rep.Replayed, rep.Skipped, cfg.Kafka.DLQTopic, *group)
+	if action.ID != 0 {
+		summary += fmt.Sprintf("; operator action %d (by %s)", action.ID, action.By)
+	}
 	if rep.Gone > 0 {
 		summary += fmt.Sprintf("; %d parked as references (oversize) could not be replayed: their originals are gone from %s", rep.Gone, cfg.Kafka.Topic)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,9 +17,14 @@ import (
 	"example.com/billing/internal/testenv/wait"
 )
 
-// dlqReplay runs `billing dlq replay args...` and returns its stdout.
+// dlqReplay runs `billing dlq replay args...` and returns its stdout. A
+// replay that publishes says why, as an operator must: args without
+// --reason (or with --dry-run) get one.
 func dlqReplay(t *testing.T, env map[string]string, args ...string) string {
 	t.Helper()
+	if !slices.Contains(args, "--reason") && !slices.Contains(args, "--dry-run") {
+		args = append(args, "--reason", "a test replays what it parked")
+	}
 	var stdout, stderr bytes.Buffer
 	err := run(context.Background(), append([]string{"billing", "dlq", "replay"}, args...), env, nil, &stdout, &stderr)
 	t.Logf("billing dlq replay %s\n%s", strings.Join(args, " "), stdout.String())
@@ -59,7 +65,7 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 	fixed := fakepsp.New(fakepsp.Options{Seed: 2})
 	psp.Store(fixed)
 
-	out := dlqReplay(t, env, "--reason", "provider-rejected", "--dry-run")
+	out := dlqReplay(t, env, "--code", "provider-rejected", "--dry-run")
 	if !strings.Contains(out, "would replay "+h.broker.DLQTopic+"/") || !strings.Contains(out, `key="41" -> `+h.broker.Topic+`/0 reason="provider-rejected: `) ||
 		!strings.Contains(out, "dry run: would replay 1, passed over 1") || strings.Contains(out, "oops") {
 		t.Errorf("dry run output:\n%s", out)
@@ -68,7 +74,7 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 		t.Fatalf("dry run published: end offsets %v, were %v", end, topicEnd)
 	}
 
-	out = dlqReplay(t, env, "--reason", "provider-rejected")
+	out = dlqReplay(t, env, "--code", "provider-rejected")
 	if !strings.Contains(out, "replayed 1, passed over 1 with another reason") {
 		t.Errorf("replay output:\n%s", out)
 	}
@@ -81,12 +87,12 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 	}
 
 	// A second run finds nothing left for its group.
-	if out := dlqReplay(t, env, "--reason", "provider-rejected"); !strings.Contains(out, "replayed 0") {
+	if out := dlqReplay(t, env, "--code", "provider-rejected"); !strings.Contains(out, "replayed 0") {
 		t.Errorf("second replay output:\n%s", out)
 	}
 
 	// An invalid event, replayed, is parked again and counted.
-	dlqReplay(t, env, "--reason", "invalid-event")
+	dlqReplay(t, env, "--code", "invalid-event")
 	h.waitCaughtUp()
 	parked := kafkatest.ReadAll(t, h.client, h.broker.DLQTopic)
 	if len(parked) != 3 {
@@ -106,7 +112,7 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 	}
 
 	// The charged event replayed once more (another group) is a duplicate.
-	dlqReplay(t, env, "--reason", "provider-rejected", "--group", "ops-second-look")
+	dlqReplay(t, env, "--code", "provider-rejected", "--group", "ops-second-look")
 	h.waitCaughtUp()
 	wait.For(t, 10*time.Second, "metrics", func() bool {
 		return s.metric(t, `billing_events_total{outcome="duplicate"}`) == 1 &&
@@ -120,16 +126,18 @@ func TestDLQReplay_AfterTheProviderIsFixed(t *testing.T) {
 }
 
 func TestDLQReplay_Flags(t *testing.T) {
-	env := map[string]string{"KAFKA_BROKERS": "127.0.0.1:1"}
+	env := map[string]string{"KAFKA_BROKERS": "127.0.0.1:1", "DATABASE_URL": "postgres://billing@127.0.0.1:1/billing"}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{nil, "a command is required"},
 		{[]string{"purge"}, `unknown command "purge"`},
-		{[]string{"replay", "--reason", "provider-rejeted"}, "not a reason code"},
+		{[]string{"replay", "--code", "provider-rejeted"}, "not a reason code"},
+		{[]string{"replay", "--reason", "provider-rejected"}, "--code provider-rejected replays the messages parked for it"},
+		{[]string{"replay", "--code", "provider-rejected"}, "--reason is required"},
 		{[]string{"replay", "--max", "-1"}, "--max"},
-		{[]string{"replay", "--group", "billing-order-confirmed"}, "the service's own group"},
+		{[]string{"replay", "--group", "billing-order-confirmed", "--reason", "why"}, "the service's own group"},
 		{[]string{"replay", "now"}, "takes no arguments"},
 	} {
 		var stdout, stderr bytes.Buffer

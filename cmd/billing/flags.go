@@ -83,3 +83,30 @@ func parseSubcommandFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (he
 	}
 	return false, nil
 }
+
+// parseWithArgument parses args into fs for a command that takes one
+// argument (billing explain <id>), before or among its flags: Go's flag
+// package stops at the first argument, so what follows it is parsed too.
+// It reports help=true when -h was asked for, after printing the help.
+func parseWithArgument(fs *flag.FlagSet, args []string, stdout io.Writer) (arg string, help bool, err error) {
+	fs.SetOutput(io.Discard)
+	err = fs.Parse(args)
+	if err == nil && fs.NArg() > 0 {
+		arg = fs.Arg(0)
+		err = fs.Parse(fs.Args()[1:])
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return "", true, nil
+	}
+	switch {
+	case err != nil:
+		return "", false, fmt.Errorf("%s: %w (see billing %s -h)", fs.Name(), err, fs.Name())
+	case arg == "":
+		return "", false, fmt.Errorf("%s: an argument is required (see billing %s -h)", fs.Name(), fs.Name())
+	case fs.NArg() > 0:
+		return "", false, fmt.Errorf("%s takes one argument, got also %s (see billing %s -h)", fs.Name(), strings.Join(fs.Args(), " "), fs.Name())
+	}
+	return arg, false, nil
+}

@@ -29,6 +29,9 @@ var envCommands = []struct {
 	{[]string{"devkafka"}, &config.Topics{}, ""},
 	{[]string{"fakepsp"}, &fakepspConfig{}, ""},
 	{[]string{"reconcile"}, &reconcileConfig{}, ""},
+	{[]string{"explain"}, &explainConfig{}, ""},
+	{[]string{"resolve"}, &config.Resolve{}, ""},
+	{[]string{"audit"}, &auditConfig{}, ""},
 	{[]string{"dlq", "replay"}, &dlqConfig{}, ""},
 	{[]string{"payment-methods", "import"}, &config.PaymentMethods{}, ""},
 }

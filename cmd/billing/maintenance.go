@@ -157,18 +157,28 @@ func newPayer(api config.API, tp trace.TracerProvider, m *metrics.Metrics) *paym
 		MaxConcurrency: api.MaxConcurrency,
 		MaxRPS:         api.MaxRPS,
 		TracerProvider: tp,
+		Wallet:         walletOf(api.Provider),
 	}
 	var proto payment.Protocol
 	switch api.Provider {
 	case config.ProviderStripe:
-		proto, cfg.Wallet = stripe.New(api.BaseURL, api.APIKey), config.ProviderStripe
+		proto = stripe.New(api.BaseURL, api.APIKey)
 	case config.ProviderAdyen:
 		proto = adyen.New(api.BaseURL, api.APIKey, api.MerchantAccount, api.IdempotencyWindow)
-		cfg.Wallet = config.ProviderAdyen
 	default:
 		proto = contract.New(api.BaseURL, api.APIKey)
 	}
 	return payment.New(proto, cfg, m)
+}
+
+// walletOf is the provider whose saved payment methods the requests
+// charge (payment_method.provider): Stripe's and Adyen's requests charge a
+// stored card, the contract's a customer id.
+func walletOf(provider string) string {
+	if provider == config.ProviderContract {
+		return ""
+	}
+	return provider
 }
 
 // webhookOf is the provider's notifications' reader, verifying with

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,22 +51,41 @@ whole import, naming its line, and nothing is written. The rows are written
 in one transaction. Prints {"provider":..., "imported":n} on success.
 
 An event whose customer had no payment method was parked no-payment-method;
-replay it (billing dlq replay --reason no-payment-method) once its method
-is imported, and it is charged with it.`
+replay it (billing dlq replay --code no-payment-method) once its method
+is imported, and it is charged with it.
+
+An import changes which card pays: before it writes, it records who
+(--by), why (--reason, required) and what (the provider, the rows, the
+input's SHA-256) in operator_action; when the record fails, nothing is
+imported. billing audit lists the imports.`
+
+// importRecord is what an import records in operator_action before it
+// writes: which provider's methods, how many rows, and the SHA-256 of the
+// CSV read, which tells the file that was imported.
+type importRecord struct {
+	Provider string `json:"provider"`
+	Rows     int    `json:"rows"`
+	SHA256   string `json:"sha256"`
+}
 
 // importPaymentMethods runs billing payment-methods import.
 func importPaymentMethods(ctx context.Context, args []string, environ map[string]string, stdin io.Reader, stdout, stderr io.Writer) error {
 	var cfg config.PaymentMethods
 	fs := newFlagSet("payment-methods import", about{description: importHelp, env: &cfg,
-		example: `PAYMENT_PROVIDER=stripe DATABASE_URL='postgres://billing:secret@db:5432/billing?sslmode=verify-full' billing payment-methods import < methods.csv`})
+		example: `PAYMENT_PROVIDER=stripe DATABASE_URL='postgres://billing:secret@db:5432/billing?sslmode=verify-full' billing payment-methods import --reason "CHG-7: cards of the migrated customers" < methods.csv`})
+	op := operatorFlags(fs, "payment-methods import")
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
+		return err
+	}
+	if err := op.check(); err != nil {
 		return err
 	}
 	if err := config.Load(environ, &cfg); err != nil {
 		return err
 	}
 	log := newLogger(stderr, cfg.Log)
-	methods, err := wallet.Read(stdin)
+	sum := sha256.New()
+	methods, err := wallet.Read(io.TeeReader(stdin, sum))
 	if err != nil {
 		return fmt.Errorf("payment-methods import: nothing imported: %w", err)
 	}
@@ -73,6 +94,14 @@ func importPaymentMethods(ctx context.Context, args []string, environ map[string
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer db.Close()
+	action, err := op.record(ctx, db, cfg.Provider, importRecord{Provider: cfg.Provider, Rows: len(methods), SHA256: hex.EncodeToString(sum.Sum(nil))})
+	if err != nil {
+		if postgres.IsConfigError(err) {
+			return fmt.Errorf("DATABASE_URL: %w", err)
+		}
+		return fmt.Errorf("payment-methods import: nothing imported: %w", err)
+	}
+	log.Info("operator action recorded", "action", action.ID, "by", action.By, "reason", action.Reason)
 	if err := wallet.Save(ctx, db, cfg.Provider, methods); err != nil {
 		if postgres.IsConfigError(err) {
 			return fmt.Errorf("DATABASE_URL: %w", err)

@@ -30,6 +30,11 @@ Commands:
   fakepsp    a fake payment provider (billing's contract or Stripe's API) with idempotency, webhooks
              and fault injection
   reconcile  compare the charge table with the provider's charges of a window; non-zero exit when they differ
+  explain    one event's or order's whole story, from the database and Kafka: where it was read, its claim,
+             its charge attempts and the provider's answers, its outcome event, a DLQ parking, operator actions
+  resolve    record a human's verdict on a charge attempt billing cannot settle (succeeded, declined, or
+             send it again), through billing's own settle
+  audit      list the operator actions recorded (who, why, what, when)
   dlq replay republish parked dead-letter messages, unchanged, to the topic they came from
   payment-methods import
              upsert which saved payment method pays for each customer (CSV on stdin)
@@ -69,6 +74,12 @@ func run(ctx context.Context, args []string, environ map[string]string, stdin io
 		return fakepspCmd(ctx, rest, environ, stdout, stderr)
 	case "reconcile":
 		return reconcileCmd(ctx, rest, environ, stdout, stderr)
+	case "explain":
+		return explainCmd(ctx, rest, environ, stdout, stderr)
+	case "resolve":
+		return resolveCmd(ctx, rest, environ, stdout, stderr)
+	case "audit":
+		return auditCmd(ctx, rest, environ, stdout)
 	case "dlq":
 		return dlqCmd(ctx, rest, environ, stdout, stderr)
 	case "payment-methods":

@@ -22,7 +22,7 @@ func importMethods(t *testing.T, dsn, csv string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	env := map[string]string{"DATABASE_URL": dsn, "PAYMENT_PROVIDER": "stripe"}
-	if err := run(context.Background(), []string{"billing", "payment-methods", "import"}, env, strings.NewReader(csv), &stdout, &stderr); err != nil {
+	if err := run(context.Background(), []string{"billing", "payment-methods", "import", "--reason", "a test imports cards"}, env, strings.NewReader(csv), &stdout, &stderr); err != nil {
 		t.Fatalf("payment-methods import: %v\n%s", err, stderr.String())
 	}
 }
@@ -92,7 +92,7 @@ func TestServe_StripeEndToEnd(t *testing.T) {
 
 	// The operator imports the missing card and replays the parked event.
 	importMethods(t, h.dsn, "customer_id,customer_ref,payment_method_ref\n1004,cus_4,pm_card_visa\n")
-	dlqReplay(t, env, "--reason", "no-payment-method")
+	dlqReplay(t, env, "--code", "no-payment-method")
 	wait.For(t, 30*time.Second, "order 4 charged after the replay", func() bool {
 		return h.count(`SELECT count(*) FROM charge WHERE order_id = 4 AND status = 'succeeded'`) == 1
 	})
@@ -126,7 +126,7 @@ func TestPaymentMethodsImport_OneBadRowWritesNothing(t *testing.T) {
 	db, dsn := dbtest.New(t)
 	var stdout, stderr bytes.Buffer
 	csv := "customer_id,customer_ref,payment_method_ref\n1,cus_1,pm_1\n2,cus 2,pm_2\n"
-	err := run(context.Background(), []string{"billing", "payment-methods", "import"},
+	err := run(context.Background(), []string{"billing", "payment-methods", "import", "--reason", "a test imports cards"},
 		map[string]string{"DATABASE_URL": dsn, "PAYMENT_PROVIDER": "stripe"}, strings.NewReader(csv), &stdout, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "line 3") {
 		t.Fatalf("err = %v, want one naming line 3", err)
@@ -135,7 +135,7 @@ func TestPaymentMethodsImport_OneBadRowWritesNothing(t *testing.T) {
 	if err := db.Get(&n, `SELECT count(*) FROM payment_method`); err != nil || n != 0 {
 		t.Errorf("%d rows written (%v), want none", n, err)
 	}
-	err = run(context.Background(), []string{"billing", "payment-methods", "import"},
+	err = run(context.Background(), []string{"billing", "payment-methods", "import", "--reason", "a test imports cards"},
 		map[string]string{"DATABASE_URL": dsn}, strings.NewReader(csv), &stdout, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "PAYMENT_PROVIDER") {
 		t.Errorf("import under the contract provider: %v, want an error naming PAYMENT_PROVIDER", err)

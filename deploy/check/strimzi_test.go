@@ -162,13 +162,15 @@ func TestStrimzi_TopicsAreTheOnesBillingUses(t *testing.T) {
 // The KafkaUsers authenticate with SCRAM-SHA-512 from a password in a
 // Secret, and their ACLs are exactly the ones billing checks at start and
 // docs/deployment.md lists: serve's for billing, the replay's (default
-// groups) for billing-dlq-replay; only allow rules, from any host.
+// groups) for billing-dlq-replay, explain's for billing-explain; only
+// allow rules, from any host.
 func TestStrimzi_UsersHaveExactlyBillingsACLs(t *testing.T) {
 	_, users := strimziObjects(t)
 	k := defaultKafka(t)
 	want := map[string][]kafkaacl.ACL{
 		"billing":            kafkaacl.Serve(k),
 		"billing-dlq-replay": kafkaacl.Replay(k, kafkaacl.ReplayGroupPrefix(k)),
+		"billing-explain":    kafkaacl.Explain(k),
 	}
 	if got := slices.Sorted(maps.Keys(users)); !slices.Equal(got, slices.Sorted(maps.Keys(want))) {
 		t.Fatalf("%s defines users %q, want %q", strimziDir, got, slices.Sorted(maps.Keys(want)))

@@ -8,6 +8,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -93,6 +94,37 @@ func About(ctx context.Context, q sqlx.QueryerContext, subjects []string) ([]Act
 		return nil, fmt.Errorf("read operator_action: %w", err)
 	}
 	return out, nil
+}
+
+// Get reads the actions of ids, oldest first: those a record elsewhere
+// names (a message republished by billing dlq replay carries its action's
+// id).
+func Get(ctx context.Context, q sqlx.QueryerContext, ids []int64) ([]Action, error) {
+	var out []Action
+	if err := sqlx.SelectContext(ctx, q, &out, `SELECT id, at, by, reason, command, subject, details FROM operator_action WHERE id = ANY($1::int8[]) ORDER BY id`, pq.Int64Array(ids)); err != nil {
+		return nil, fmt.Errorf("read operator_action: %w", err)
+	}
+	return out, nil
+}
+
+// Text is a for a human, on three lines: its id, when (UTC), who, the
+// command and its subject; why; what (its details).
+func (a Action) Text() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "#%d  %s  %s  %s", a.ID, a.At.UTC().Format(time.RFC3339), a.By, a.Command)
+	if a.Subject != "" {
+		fmt.Fprintf(&b, "  %s", a.Subject)
+	}
+	fmt.Fprintf(&b, "\n    why:  %s", a.Reason)
+	if len(a.Details) > 0 && string(a.Details) != "{}" {
+		var compact bytes.Buffer
+		if json.Compact(&compact, a.Details) != nil {
+			compact.Reset()
+			compact.Write(a.Details)
+		}
+		fmt.Fprintf(&b, "\n    what: %s", compact.String())
+	}
+	return b.String()
 }
 
 // DefaultBy is --by's default: the operating system's user, else $USER.

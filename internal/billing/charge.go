@@ -148,7 +148,12 @@ func (p *Processor) send(ctx context.Context, c *call) bool {
 				// limit can make seconds later: a partition lost meanwhile
 				// sends nothing more.
 				req := request(c.a)
-				req.Ready = func() error { return p.wanted(c) }
+				req.Ready = func() error {
+					if err := withinWindow(p.now(), c.a, p.horizon.ProviderWindow); err != nil {
+						return err
+					}
+					return p.wanted(c)
+				}
 				c.answered(p.payer.Charge(trace.ContextWithSpanContext(ctx, c.trace), req))
 				if errors.Is(c.err, payment.ErrNotSent) {
 					c.sent = false // left pending
@@ -160,6 +165,22 @@ func (p *Processor) send(ctx context.Context, c *call) bool {
 	}
 	p.toSettle(c)
 	return true
+}
+
+// errPastWindow: an attempt's request had its turn only after the
+// provider's idempotency window passed (a long wait for a slot or the rate
+// limit); it is not sent, as no attempt past the window is.
+var errPastWindow = errors.New("billing: the charge attempt passed the provider's idempotency window before its request had its turn; not sent")
+
+// withinWindow returns errPastWindow once a is older than the provider's
+// idempotency window: asked so when a request has its turn, it bounds how
+// long after the window a request of billing's may be in flight to
+// PAYMENT_TIMEOUT, which billing resolve relies on.
+func withinWindow(now time.Time, a charge.Row, window time.Duration) error {
+	if now.Sub(a.CreatedAt) > window {
+		return errPastWindow
+	}
+	return nil
 }
 
 // wanted returns nil while one of c's waiters still wants its request sent,

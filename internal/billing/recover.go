@@ -144,7 +144,12 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	for _, c := range calls {
 		wg.Go(func() {
 			if s.resend(ctx, c) {
-				c.answered(r.payer.Charge(ctx, request(c.a)))
+				req := request(c.a)
+				req.Ready = func() error { return withinWindow(s.now(), c.a, window) }
+				c.answered(r.payer.Charge(ctx, req))
+				if errors.Is(c.err, payment.ErrNotSent) {
+					c.sent = false // left pending
+				}
 			}
 		})
 	}

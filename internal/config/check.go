@@ -299,26 +299,33 @@ func (p *PaymentLimits) normalize() {
 
 // Validate checks the provider's limits.
 func (p *PaymentLimits) Validate() error {
-	var errs Errors
-	if p.Timeout <= 0 || p.Timeout > 5*time.Minute {
-		errs.add("PAYMENT_TIMEOUT", "%s is outside (0, 5m]", p.Timeout)
-	}
+	errs := checkSending(p.Timeout, p.IdempotencyWindow, p.RecoverAfter)
 	if p.MaxConcurrency < 1 || p.MaxConcurrency > 100000 {
 		errs.add("PAYMENT_MAX_CONCURRENCY", "%d is outside 1..100000", p.MaxConcurrency)
 	}
 	if p.MaxRPS < 0 || p.MaxRPS > 1e6 {
 		errs.add("PAYMENT_MAX_RPS", "%v is outside 0..1000000 (0 is unlimited)", p.MaxRPS)
 	}
-	if p.IdempotencyWindow < time.Hour {
-		errs.add("PAYMENT_IDEMPOTENCY_WINDOW", "%s is shorter than 1h; set it to how long the provider keeps an idempotency key (Stripe: 24h), or 0 for the provider's", p.IdempotencyWindow)
-	}
 	if p.ResolveAfter < time.Second || p.ResolveAfter > 24*time.Hour {
 		errs.add("PAYMENT_RESOLVE_AFTER", "%s is outside [1s, 24h]", p.ResolveAfter)
 	}
-	if p.RecoverAfter <= p.Timeout || p.RecoverAfter >= p.IdempotencyWindow {
-		errs.add("PAYMENT_RECOVER_AFTER", "%s must be longer than PAYMENT_TIMEOUT (%s) and shorter than PAYMENT_IDEMPOTENCY_WINDOW (%s)", p.RecoverAfter, p.Timeout, p.IdempotencyWindow)
-	}
 	return errs.err()
+}
+
+// checkSending checks the settings that say how long a request may be in
+// flight and when an attempt is never sent again.
+func checkSending(timeout, window, recoverAfter time.Duration) Errors {
+	var errs Errors
+	if timeout <= 0 || timeout > 5*time.Minute {
+		errs.add("PAYMENT_TIMEOUT", "%s is outside (0, 5m]", timeout)
+	}
+	if window < time.Hour {
+		errs.add("PAYMENT_IDEMPOTENCY_WINDOW", "%s is shorter than 1h; set it to how long the provider keeps an idempotency key (Stripe: 24h), or 0 for the provider's", window)
+	}
+	if recoverAfter <= timeout || recoverAfter >= window {
+		errs.add("PAYMENT_RECOVER_AFTER", "%s must be longer than PAYMENT_TIMEOUT (%s) and shorter than PAYMENT_IDEMPOTENCY_WINDOW (%s)", recoverAfter, timeout, window)
+	}
+	return errs
 }
 
 // LogValue masks the API key.
@@ -508,6 +515,21 @@ func (p *PaymentMethods) Validate() error {
 		errs.add("PAYMENT_PROVIDER", "is contract, which charges by customer id and keeps no payment methods; set the provider whose methods these are (stripe, adyen)")
 	}
 	return errors.Join(p.Database.Validate(), errs.err(), p.Log.Validate())
+}
+
+// normalize fills in the provider's window and PAYMENT_RECOVER_AFTER's
+// default, as serve's.
+func (r *Resolve) normalize() {
+	r.IdempotencyWindow = providerWindow(r.Provider, r.IdempotencyWindow)
+	if r.RecoverAfter == 0 {
+		r.RecoverAfter = max(time.Minute, 2*r.Timeout)
+	}
+}
+
+// Validate checks resolve's settings by serve's rules.
+func (r *Resolve) Validate() error {
+	errs := append(checkProvider(r.Provider), checkSending(r.Timeout, r.IdempotencyWindow, r.RecoverAfter)...)
+	return errors.Join(r.Database.Validate(), errs.err(), r.Log.Validate())
 }
 
 // Validate checks every setting of maintain.

@@ -177,6 +177,15 @@ type Consumer struct {
 	DrainTimeout time.Duration `env:"DRAIN_TIMEOUT" envDefault:"10s" help:"how long in-flight work may finish after a revocation or SIGTERM; serve exits within DRAIN_TIMEOUT + 5s"`
 }
 
+// The default retentions of DEDUP_RETENTION and OUTBOX_RETENTION (their
+// envDefault tags say the same; a test holds them together). billing
+// maintain with a shorter one drops money-relevant records earlier than
+// billing would: an operator's decision, recorded in operator_action.
+const (
+	DefaultDedupRetention  = 168 * time.Hour
+	DefaultOutboxRetention = 72 * time.Hour
+)
+
 // DedupRetention is how long processed_event remembers an event, which
 // serve judges events by and both serve and maintain keep.
 type DedupRetention struct {
@@ -282,6 +291,21 @@ type PaymentMethods struct {
 	Database Database
 	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider whose saved payment methods are imported: stripe or adyen (the contract charges by customer id and needs none)"`
 	Log      Log
+}
+
+// Resolve is the configuration of `billing resolve`: the database, and
+// the provider settings that say when billing may still send an attempt,
+// and which provider's saved payment methods a waiting event that becomes
+// its order's next attempt is charged with. It asks the provider nothing.
+type Resolve struct {
+	Database Database
+	Provider string `env:"PAYMENT_PROVIDER" envDefault:"contract" notEmpty:"true" help:"the provider's API billing speaks: contract, stripe or adyen; a waiting event that becomes its order's next attempt is recorded with its customer's saved payment method for it"`
+	// IdempotencyWindow, Timeout and RecoverAfter are serve's: a pending
+	// attempt is resolved by hand only once billing can no longer send it.
+	IdempotencyWindow time.Duration `env:"PAYMENT_IDEMPOTENCY_WINDOW" envDefault:"0" help:"how long the provider keeps an idempotency key, as serve has it (0: the provider's, 24h for contract and stripe, 744h for adyen); a pending attempt is resolved by hand only once older than it and PAYMENT_RECOVER_AFTER"`
+	Timeout           time.Duration `env:"PAYMENT_TIMEOUT" envDefault:"10s" help:"timeout of one provider request, as serve has it"`
+	RecoverAfter      time.Duration `env:"PAYMENT_RECOVER_AFTER" envDefault:"0" help:"as serve has it (0: the longer of 1m and 2 × PAYMENT_TIMEOUT): a request sent before PAYMENT_IDEMPOTENCY_WINDOW passed is answered within it"`
+	Log               Log
 }
 
 // Validator is a configuration that can check its own values. Validate

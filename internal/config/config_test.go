@@ -612,7 +612,7 @@ func TestServe_LogValue(t *testing.T) {
 // are generated from it, are right.
 func TestVars(t *testing.T) {
 	t.Parallel()
-	for _, cfg := range []any{&config.Serve{}, &config.Migrate{}, &config.Maintain{}, &config.Kafka{}, &config.Topics{}} {
+	for _, cfg := range []any{&config.Serve{}, &config.Migrate{}, &config.Maintain{}, &config.Kafka{}, &config.Topics{}, &config.Resolve{}} {
 		seen := map[string]bool{}
 		for _, v := range config.Vars(cfg) {
 			if v.Help == "" {
@@ -658,6 +658,28 @@ func TestVars(t *testing.T) {
 	for _, s := range settings {
 		if _, ok := byName[s.name]; !ok {
 			t.Errorf("Vars(Serve) lacks %s", s.name)
+		}
+	}
+}
+
+// TestDefaultRetentions: the constants maintain compares the retentions
+// with are the variables' defaults.
+func TestDefaultRetentions(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		cfg  any
+		name string
+		want time.Duration
+	}{
+		{&config.DedupRetention{}, "DEDUP_RETENTION", config.DefaultDedupRetention},
+		{&config.Outbox{}, "OUTBOX_RETENTION", config.DefaultOutboxRetention},
+	} {
+		vars := config.Vars(tt.cfg)
+		if len(vars) != 1 || vars[0].Name != tt.name {
+			t.Fatalf("Vars(%T) = %+v, want %s alone", tt.cfg, vars, tt.name)
+		}
+		if d, err := time.ParseDuration(vars[0].Default); err != nil || d != tt.want {
+			t.Errorf("%s defaults to %q, the constant says %s", tt.name, vars[0].Default, tt.want)
 		}
 	}
 }

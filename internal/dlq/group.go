@@ -255,7 +255,7 @@ func (h *replayHandler) republish(ctx context.Context, m *sarama.ConsumerMessage
 		}
 		body = original
 	}
-	if _, _, err := h.producer.SendMessage(republished(body, m, topic, partition)); err != nil {
+	if _, _, err := h.producer.SendMessage(republished(body, m, topic, partition, h.r.action)); err != nil {
 		return fmt.Errorf("dlq replay: republish %s/%d@%d to %s/%d: %w", m.Topic, m.Partition, m.Offset, topic, partition, err)
 	}
 	h.r.log.Info("replayed", "dlq_partition", m.Partition, "dlq_offset", m.Offset, "key", string(m.Key),

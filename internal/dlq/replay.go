@@ -25,6 +25,12 @@ import (
 // message that fails again shows it was replayed before.
 const HeaderReplayedFrom = "x-dlq-replayed-from"
 
+// HeaderReplayAction marks a republished message with the operator action
+// that ordered its replay (operator_action's id, which ReplayOptions.Begin
+// returns): billing explain tells who replayed an event and why from it.
+// Like every x-dlq- header, a later replay replaces it.
+const HeaderReplayAction = "x-dlq-replay-action"
+
 // replayConsumerConfig is the configuration of a replay's consumer group:
 // from the oldest offset, committing only when told to.
 func replayConsumerConfig(k config.Kafka) (*sarama.Config, error) {
@@ -81,6 +87,44 @@ type ReplayOptions struct {
 	// OnMessage, when set, is told about each message republished (or that
 	// would be), one call at a time.
 	OnMessage func(Replayed)
+	// Begin, when set, is called once a run (not a dry run) knows the
+	// ranges it goes through, before it republishes anything: an error
+	// ends the run with nothing republished. What it returns is written on
+	// every message the run republishes (HeaderReplayAction, when not
+	// ""). billing records the operator's action there, so that a replay
+	// nobody can account for does not happen.
+	Begin func(ranges map[int32]Range) (action string, err error)
+}
+
+// Range is the offsets [From, To) of a dead-letter partition a replay
+// goes through: from its group's committed offset (or the oldest kept) to
+// the end as of its start.
+type Range struct {
+	From int64 `json:"from"`
+	To   int64 `json:"to"`
+}
+
+// ReplayCommand is the command of a replay's operator action.
+const ReplayCommand = "dlq replay"
+
+// Plan is what a replay records in its operator action before it
+// republishes anything, and what billing explain reads back to tell which
+// replay went through a parked message.
+type Plan struct {
+	DLQTopic string `json:"dlqTopic"`
+	Group    string `json:"group"`
+	Code     string `json:"code,omitempty"`
+	Max      int    `json:"max,omitempty"`
+	// Ranges are the dead-letter offsets it goes through, by partition;
+	// the messages of another code are passed over.
+	Ranges map[int32]Range `json:"ranges"`
+}
+
+// Covers reports whether the replay planned went through the message
+// parked at offset of DLQ partition with reason (its x-dlq-reason).
+func (p Plan) Covers(partition int32, offset int64, why string) bool {
+	rg, ok := p.Ranges[partition]
+	return ok && rg.From <= offset && offset < rg.To && (p.Code == "" || string(reason.Parse(why).Code) == p.Code)
 }
 
 // Replayed describes one parked message that was (or would be) republished.
@@ -171,6 +215,9 @@ func Replay(ctx context.Context, k config.Kafka, opts ReplayOptions, log *slog.L
 	if opts.DryRun {
 		err = r.dryRun(ctx, ranges)
 	} else {
+		if err := r.begin(ranges); err != nil {
+			return rep, err
+		}
 		err = r.run(ctx, ranges)
 	}
 	r.mu.Lock()
@@ -187,6 +234,9 @@ type replayer struct {
 	kafka  config.Kafka
 	opts   ReplayOptions
 	log    *slog.Logger
+	// action is what ReplayOptions.Begin returned: HeaderReplayAction's
+	// value on every republished message, "" for none.
+	action string
 
 	mu         sync.Mutex // guards the fields below
 	partitions map[string]int32
@@ -223,6 +273,23 @@ func (r *replayer) ranges(ctx context.Context) (map[int32]replayRange, error) {
 		}
 	}
 	return out, nil
+}
+
+// begin calls ReplayOptions.Begin, if set, with the ranges of the run.
+func (r *replayer) begin(ranges map[int32]replayRange) error {
+	if r.opts.Begin == nil {
+		return nil
+	}
+	plan := make(map[int32]Range, len(ranges))
+	for p, rg := range ranges {
+		plan[p] = Range{From: rg.start, To: rg.end}
+	}
+	action, err := r.opts.Begin(plan)
+	if err != nil {
+		return fmt.Errorf("dlq replay: nothing republished: %w", err)
+	}
+	r.action = action
+	return nil
 }
 
 // verdict is what to do with one parked message.
@@ -328,12 +395,16 @@ func (r *replayer) partitionCount(topic string) (int32, error) {
 // record is new, and an old timestamp could put it under retention at once.
 //
 // For a reference (reason oversize) body is the original fetched back from
-// the source topic, and parked the reference; otherwise both are m.
-func republished(body, parked *sarama.ConsumerMessage, topic string, partition int32) *sarama.ProducerMessage {
-	headers := append(keptHeaders(body.Headers, isReplayDropped, 1), sarama.RecordHeader{
+// the source topic, and parked the reference; otherwise both are m. action,
+// when not "", is HeaderReplayAction's value.
+func republished(body, parked *sarama.ConsumerMessage, topic string, partition int32, action string) *sarama.ProducerMessage {
+	headers := append(keptHeaders(body.Headers, isReplayDropped, 2), sarama.RecordHeader{
 		Key:   []byte(HeaderReplayedFrom),
 		Value: []byte(strconv.FormatInt(int64(parked.Partition), 10) + "/" + strconv.FormatInt(parked.Offset, 10)),
 	})
+	if action != "" {
+		headers = append(headers, sarama.RecordHeader{Key: []byte(HeaderReplayAction), Value: []byte(action)})
+	}
 	pm := &sarama.ProducerMessage{Topic: topic, Partition: partition, Headers: headers}
 	setBody(pm, body.Key, body.Value)
 	return pm

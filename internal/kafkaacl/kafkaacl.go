@@ -80,7 +80,7 @@ func Serve(k config.Kafka) []ACL {
 
 // ReplayGroupPrefix starts the name of every consumer group `billing dlq
 // replay` uses by default: <KAFKA_GROUP_ID>-dlq-replay, and
-// <KAFKA_GROUP_ID>-dlq-replay-<reason> with --reason. One prefixed ACL
+// <KAFKA_GROUP_ID>-dlq-replay-<code> with --code. One prefixed ACL
 // covers them all.
 func ReplayGroupPrefix(k config.Kafka) string { return k.GroupID + "-dlq-replay" }
 
@@ -93,7 +93,7 @@ func Replay(k config.Kafka, group string) []ACL {
 		"join the replay's own consumer group and commit its progress (Describe, implied: its committed offsets)")
 	if prefix := ReplayGroupPrefix(k); strings.HasPrefix(group, prefix) {
 		progress.Pattern, progress.Name = sarama.AclPatternPrefixed, prefix
-		progress.Why += "; the prefix covers the per-reason groups of --reason"
+		progress.Why += "; the prefix covers the per-code groups of --code"
 	}
 	return []ACL{
 		literal(topic, k.DLQTopic, sarama.AclOperationRead, "read the parked messages"),
@@ -101,6 +101,18 @@ func Replay(k config.Kafka, group string) []ACL {
 		literal(topic, k.Topic, sarama.AclOperationWrite, "republish the parked messages to the order topic (idempotent producer)"),
 		literal(topic, k.Topic, sarama.AclOperationRead,
 			"fetch back the original of a message parked as a reference (reason oversize) from the order topic"),
+	}
+}
+
+// Explain are the permissions of `billing explain`, which reads the three
+// topics to find an event's copies (Describe, implied: metadata and
+// ListOffsets) and joins no group.
+func Explain(k config.Kafka) []ACL {
+	topic := sarama.AclResourceTopic
+	return []ACL{
+		literal(topic, k.Topic, sarama.AclOperationRead, "find where an order event was read, its duplicates and replays"),
+		literal(topic, k.DLQTopic, sarama.AclOperationRead, "find an event's parkings in the dead-letter topic"),
+		literal(topic, k.OutcomeTopic, sarama.AclOperationRead, "find an event's published payment outcome events"),
 	}
 }
 

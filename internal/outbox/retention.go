@@ -255,3 +255,13 @@ func deleteFenced(ctx context.Context, t lease.Tenure, conn *sqlx.Conn, q string
 	})
 	return n, err
 }
+
+// CountDead counts the outcome events in outbox_dead that died in
+// [from, to): what a retention whose horizon moves from from to to prunes.
+func CountDead(ctx context.Context, db sqlx.QueryerContext, from, to time.Time) (int, error) {
+	var n int
+	if err := sqlx.GetContext(ctx, db, &n, `SELECT count(*) FROM outbox_dead WHERE died_at >= $1 AND died_at < $2`, from, to); err != nil {
+		return 0, fmt.Errorf("count outbox_dead: %w", err)
+	}
+	return n, nil
+}
