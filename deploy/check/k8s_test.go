@@ -29,6 +29,7 @@ import (
 const (
 	baseDir      = "deploy/base"
 	overlayDir   = "deploy/overlays/example"
+	adyenDir     = "deploy/overlays/adyen"
 	exampleFile  = "deploy/overlays/example/secret.example.yaml"
 	placeholder  = "CHANGE_ME"
 	httpShutdown = 5 * time.Second // serve's HTTP shutdown timeout after the drain
@@ -830,10 +831,18 @@ func checkNetworkPolicies(t *testing.T, r *rendered, c corev1.Container, podLabe
 
 // checkIngresses requires every Ingress that routes to billing to route
 // only POST /webhooks/<PAYMENT_PROVIDER> to the webhooks Service, with TLS
-// for its hosts: the internal HTTP_ADDR listener is never published.
+// for its hosts: the internal HTTP_ADDR listener is never published. A
+// provider that posts from outside the cluster (stripe, adyen) must have
+// its path routed; the contract's provider may run beside billing.
 func checkIngresses(t *testing.T, r *rendered, metricsSvc, webhookSvc *corev1.Service, provider string) {
 	t.Helper()
 	want := "/webhooks/" + provider
+	routed := false
+	defer func() {
+		if !routed && provider != "contract" {
+			t.Errorf("%s: no Ingress routes %s to the webhooks Service: with PAYMENT_PROVIDER=%s the provider's notifications cannot come in", r.name, want, provider)
+		}
+	}()
 	for _, ing := range r.ingresses {
 		where := "Ingress " + ing.Name
 		backends := []*networkingv1.IngressBackend{ing.Spec.DefaultBackend}
@@ -875,6 +884,16 @@ func checkIngresses(t *testing.T, r *rendered, metricsSvc, webhookSvc *corev1.Se
 			}
 			if !found {
 				t.Errorf("%s routes to port %v of Service %s, which it lacks", where, b.Service.Port, webhookSvc.Name)
+			}
+		}
+		for _, rule := range ing.Spec.Rules {
+			if rule.HTTP == nil {
+				continue
+			}
+			for _, p := range rule.HTTP.Paths {
+				if p.Path == want && p.Backend.Service != nil && webhookSvc != nil && p.Backend.Service.Name == webhookSvc.Name {
+					routed = true
+				}
 			}
 		}
 	}
@@ -1042,5 +1061,42 @@ func TestKustomize_ExampleOverlayRendersAndMatchesTheBinary(t *testing.T) {
 				t.Errorf("%s: Secret %s key %s holds no %s placeholder: never commit real values", exampleFile, name, k, placeholder)
 			}
 		}
+	}
+}
+
+// adyenHMACKey stands for the example's PAYMENT_WEBHOOK_SECRET placeholder
+// when the Adyen overlay is checked: billing refuses an Adyen HMAC key that
+// is not hex, as the placeholder is not.
+const adyenHMACKey = "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF"
+
+// The Adyen overlay is the example on Adyen: every check of the example
+// holds for it, with Adyen's configuration validated by billing's own
+// (ADYEN_MERCHANT_ACCOUNT, the Checkout root with its version, the HMAC
+// key in hex) and /webhooks/adyen, not /webhooks/stripe, published.
+func TestKustomize_AdyenOverlayRendersAndMatchesTheBinary(t *testing.T) {
+	r := build(t, adyenDir)
+	secrets := exampleSecrets(t)
+	secrets["billing-secrets"]["PAYMENT_WEBHOOK_SECRET"] = adyenHMACKey
+	checkRender(t, r, secrets)
+	if len(r.secrets) > 0 {
+		t.Errorf("the Adyen overlay renders %d Secrets; it must only reference them", len(r.secrets))
+	}
+	cm := r.configMaps["billing-config"]
+	if cm == nil {
+		t.Fatal("the Adyen overlay renders no ConfigMap billing-config")
+	}
+	if got := cm.Data["PAYMENT_PROVIDER"]; got != "adyen" {
+		t.Errorf("the Adyen overlay sets PAYMENT_PROVIDER=%q, want adyen", got)
+	}
+	for _, v := range []string{"PAYMENT_BASE_URL", "ADYEN_MERCHANT_ACCOUNT"} {
+		if cm.Data[v] == "" {
+			t.Errorf("the Adyen overlay leaves %s unset: billing serve requires it with adyen", v)
+		}
+	}
+	// The CronJob maintains without asking Adyen (no PAYMENT_BASE_URL),
+	// and billing's validation accepts ADYEN_MERCHANT_ACCOUNT there, as
+	// checkRender showed; the example itself stays on Stripe.
+	if got := build(t, overlayDir).configMaps["billing-config"].Data["PAYMENT_PROVIDER"]; got != "stripe" {
+		t.Errorf("the example overlay sets PAYMENT_PROVIDER=%q; it goes live on Stripe, the Adyen overlay on Adyen", got)
 	}
 }
