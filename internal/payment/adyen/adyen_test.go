@@ -275,17 +275,20 @@ func checkCounted(t *testing.T, m *metrics.Metrics, result string) {
 
 // Resolve is the same request again under the same key, within the key's
 // validity: Adyen answers with the stored first answer. Past it, nothing is
-// sent: the same request could be a new payment.
+// sent: the same request could be a new payment. Nor for an attempt whose
+// first answer (Pending) billing recorded: Adyen would replay it.
 func TestResolve(t *testing.T) {
 	tests := []struct {
 		name     string
 		age      time.Duration // of the attempt
+		ref      string        // the pspReference billing recorded, "" when no answer was
 		status   int
 		body     string
 		want     payment.Kind
 		wantSent int
 		wantErr  bool
 	}{
+		{name: "PendingRecordedIsNotAskedAgain", age: time.Hour, ref: "PSP0000000000001", status: 200, body: answer("Authorised", ""), want: payment.InProgress},
 		{name: "WithinTheWindowAuthorised", age: time.Hour, status: 200, body: answer("Authorised", ""), want: payment.Succeeded, wantSent: 1},
 		{name: "WithinTheWindowRefused", age: 30 * 24 * time.Hour, status: 200, body: answer("Refused", notEnoughBalance), want: payment.Declined, wantSent: 1},
 		{name: "WithinTheWindowStillPending", age: time.Hour, status: 200, body: answer("Pending", ""), want: payment.InProgress, wantSent: 1},
@@ -297,7 +300,7 @@ func TestResolve(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := newRecorder(t, tt.status, tt.body)
 			c, m := newClient(t, rec.srv.URL+"/v71")
-			l := payment.Lookup{Request: charge, Ref: "PSP0000000000001"}
+			l := payment.Lookup{Request: charge, Ref: tt.ref}
 			if tt.age > 0 {
 				l.Created = time.Now().Add(-tt.age)
 			}

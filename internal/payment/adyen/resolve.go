@@ -16,6 +16,11 @@ import (
 // payment Adyen answered Pending it tells Pending again, and the
 // AUTHORISATION notification is what settles it.
 //
+// So an attempt whose first answer billing recorded (its pspReference:
+// Pending or Received) is not asked again: the answer would be that one,
+// at the cost of a request of the rate budget, hourly for a month; it stays
+// in progress until its notification comes.
+//
 // Only within the key's validity, measured from when billing recorded the
 // attempt (which is before Adyen first saw it): past it Adyen may have
 // forgotten the key, and the same request would be a new payment. There,
@@ -29,6 +34,10 @@ func (p *Protocol) Resolve(ctx context.Context, do payment.Doer, l payment.Looku
 		return payment.Outcome{Kind: payment.Unknown, Detail: fmt.Sprintf(
 			"not asked again: recorded %s, past Adyen's idempotency window (%s), where the same request could be a new payment",
 			l.Created.UTC().Format(time.RFC3339), p.window)}, nil
+	}
+	if l.Ref != "" {
+		return payment.Outcome{Kind: payment.InProgress, Ref: l.Ref,
+			Detail: "not asked again: Adyen would replay its first answer (Pending); the AUTHORISATION notification settles it"}, nil
 	}
 	return p.Charge(ctx, do, l.Request)
 }
