@@ -125,7 +125,7 @@ func TestServe_StripeEndToEnd(t *testing.T) {
 func TestPaymentMethodsImport_OneBadRowWritesNothing(t *testing.T) {
 	db, dsn := dbtest.New(t)
 	var stdout, stderr bytes.Buffer
-	csv := "customer_id,customer_ref,payment_method_ref\n1,cus_1,pm_1\n2,cus 2,pm_2\n"
+	csv := "customer_id,customer_ref,payment_method_ref\n1,cus_1,pm_1\n2,cus_2,\"pm\t2\"\n"
 	err := run(context.Background(), []string{"billing", "payment-methods", "import", "--reason", "a test imports cards"},
 		map[string]string{"DATABASE_URL": dsn, "PAYMENT_PROVIDER": "stripe"}, strings.NewReader(csv), &stdout, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "line 3") {

@@ -14,6 +14,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -110,18 +112,23 @@ func parse(rec []string) (Method, error) {
 	return m, nil
 }
 
-// checkRef accepts a provider's reference: printable ASCII without spaces
-// (Stripe's and Adyen's ids are), at most maxRef long.
+// checkRef accepts a provider's reference: printable text, at most maxRef
+// bytes. Stripe's ids are ASCII without spaces, but Adyen's
+// shopperReference is the merchant's own choice, which may hold spaces or
+// letters beyond ASCII; a control character or invalid UTF-8 is a broken
+// file.
 func checkRef(v string) error {
 	switch {
 	case v == "":
 		return errors.New("is empty")
 	case len(v) > maxRef:
-		return fmt.Errorf("is longer than %d characters", maxRef)
+		return fmt.Errorf("is longer than %d bytes", maxRef)
+	case !utf8.ValidString(v):
+		return errors.New("is not valid UTF-8")
 	}
 	for _, r := range v {
-		if r <= ' ' || r > '~' {
-			return fmt.Errorf("has the character %q; a provider's id is printable ASCII without spaces", r)
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("has the character %q, which is not printable", r)
 		}
 	}
 	return nil
