@@ -6,10 +6,9 @@
 --
 -- An expand migration: a new table the previous release never names.
 
--- +goose NO TRANSACTION
 -- +goose Up
-SET lock_timeout = '1s';
-CREATE TABLE IF NOT EXISTS notified_payment (
+SET LOCAL lock_timeout = '1s';
+CREATE TABLE notified_payment (
     provider        text        NOT NULL,
     -- The provider's id of the payment (Adyen's pspReference).
     payment_ref     text        NOT NULL CHECK (payment_ref <> ''),
@@ -28,10 +27,10 @@ CREATE TABLE IF NOT EXISTS notified_payment (
     received_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (provider, payment_ref, status)
 );
--- reconcile reads a window of one provider's.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS notified_payment_created ON notified_payment (provider, created_at);
+-- reconcile reads a window of one provider's. A new, empty table: its
+-- index is built at once, in the table's transaction.
+CREATE INDEX notified_payment_created ON notified_payment (provider, created_at);
 GRANT SELECT, INSERT ON notified_payment TO billing_runtime;
-RESET lock_timeout;
 
 -- +goose Down
-DROP TABLE IF EXISTS notified_payment;
+DROP TABLE notified_payment;
