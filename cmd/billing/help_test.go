@@ -31,6 +31,8 @@ var envCommands = []struct {
 	{[]string{"reconcile"}, &reconcileConfig{}, ""},
 	{[]string{"dlq", "replay"}, &dlqConfig{}, ""},
 	{[]string{"payment-methods", "import"}, &config.PaymentMethods{}, ""},
+	{[]string{"pause"}, &config.Charging{}, ""},
+	{[]string{"resume"}, &config.Charging{}, ""},
 }
 
 // runHelp runs billing with args and returns what it printed on stdout,

@@ -112,7 +112,9 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	if err := r.resolve(ctx, idle, &rep); err != nil {
 		return rep, err
 	}
-	if rep.Pending == 0 {
+	// While charging is paused nothing is sent again: the attempts wait,
+	// pending, for a run after the resume.
+	if rep.Pending == 0 || r.paused() != nil {
 		return rep, nil
 	}
 	window := r.window
@@ -144,7 +146,12 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	for _, c := range calls {
 		wg.Go(func() {
 			if s.resend(ctx, c) {
-				c.answered(r.payer.Charge(ctx, request(c.a)))
+				req := request(c.a)
+				req.Ready = r.paused
+				c.answered(r.payer.Charge(ctx, req))
+				if errors.Is(c.err, payment.ErrNotSent) {
+					c.sent = false // paused meanwhile: taken again after the resume
+				}
 			}
 		})
 	}
@@ -171,6 +178,18 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	}
 	s.log.Warn("completed charge attempts left pending", "taken", len(taken), "completed", rep.Completed, "unanswered", rep.Unanswered)
 	return rep, nil
+}
+
+// errChargingPaused: recovery sends nothing while charging is paused.
+var errChargingPaused = errors.New("charging is paused: recovery sends it after the resume")
+
+// paused returns errChargingPaused while an operator has paused charging,
+// else nil: the Ready of recovery's requests, which nobody waits for.
+func (r *Recoverer) paused() error {
+	if p, ok := r.payer.(pausable); ok && p.Paused() {
+		return errChargingPaused
+	}
+	return nil
 }
 
 // Report counts the pending charge attempts and those past the provider's
@@ -238,6 +257,9 @@ const lookupLease = time.Minute
 // window counts as unresolved, for a human.
 func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *RecoveryReport) error {
 	s := r.s
+	if p, ok := r.payer.(pausable); ok && p.ResolveSends() && p.Paused() {
+		return nil // a lookup would send the payment again: after the resume
+	}
 	var due, expired []charge.Row
 	err := s.inTx(ctx, "recover", nil, func(tx *sqlx.Tx) error {
 		var err error
@@ -263,7 +285,12 @@ func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *Recove
 	var wg sync.WaitGroup
 	for _, c := range calls {
 		wg.Go(func() {
-			out, err := r.payer.Resolve(ctx, lookup(c.a))
+			l := lookup(c.a)
+			l.Ready = r.paused
+			out, err := r.payer.Resolve(ctx, l)
+			if errors.Is(err, payment.ErrNotSent) {
+				return // paused meanwhile: its lease runs out, and a run after the resume looks it up
+			}
 			r.looked(c, out, err, now)
 		})
 	}

@@ -134,6 +134,16 @@ type PaymentLimits struct {
 	RecoverAfter time.Duration `env:"PAYMENT_RECOVER_AFTER" envDefault:"0" help:"how long a charge attempt may stay pending with nobody working on it before maintenance completes it; 0: the longer of 1m and 2 × PAYMENT_TIMEOUT"`
 }
 
+// Fleet is what the replicas of a consumer group share through the
+// database (internal/fleet): the provider account's request budget.
+type Fleet struct {
+	// AccountMaxRPS is the provider account's limit, in requests per
+	// second, which every replica of KAFKA_GROUP_ID shares: each takes a
+	// share of it in the database and sends no more than its share. 0: no
+	// shared budget (each replica is bounded by PAYMENT_MAX_RPS alone).
+	AccountMaxRPS float64 `env:"PAYMENT_ACCOUNT_MAX_RPS" envDefault:"0" help:"the provider account's requests per second (charges and lookups alike), shared by every replica of KAFKA_GROUP_ID through the database: the fleet never sends more in any second, a replica that dies gives its share back within 3s, and the provider's 429s shrink it for a while; 0 is none. PAYMENT_MAX_RPS still caps each replica. Stripe: 100/s live for the whole account, 25/s per endpoint (charges are one), 25/s in test mode"`
+}
+
 // OptionalPayment is maintain's provider: with PAYMENT_BASE_URL set (for
 // stripe, PAYMENT_API_KEY) it completes the charge attempts left pending
 // and looks up those whose outcome is unknown, without it only reports
@@ -245,6 +255,7 @@ type Serve struct {
 	Database Pool
 	Payment  Payment
 	Webhooks Webhooks
+	Fleet    Fleet
 	Consumer Consumer
 	Dedup    Dedup
 	Outbox   Outbox
@@ -275,6 +286,14 @@ type Maintain struct {
 	Outbox     Outbox
 	Payment    OptionalPayment
 	Log        Log
+}
+
+// Charging is the configuration of `billing pause` and `billing resume`:
+// the database that holds the group's charging state, and the group.
+type Charging struct {
+	Database Database
+	GroupID  string `env:"KAFKA_GROUP_ID" envDefault:"billing-order-confirmed" notEmpty:"true" help:"the consumer group whose charging is paused or resumed: every replica of it follows"`
+	Log      Log
 }
 
 // PaymentMethods is the configuration of `billing payment-methods import`.

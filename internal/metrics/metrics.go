@@ -129,6 +129,10 @@ type Metrics struct {
 	// this process's membership (kafka's membership); past the session
 	// timeout the process starts no new work.
 	HeartbeatAge prometheus.Gauge
+	// Generation is the consumer group's generation this member's session
+	// is in, read every second: it grows at every rebalance, so a pause
+	// of charging, which must cause none, leaves it as it was.
+	Generation prometheus.Gauge
 	// Rewinds counts partitions consumed again because the database lost
 	// commits (its position was behind what billing saved),
 	// RewoundMessages the messages consumed again.
@@ -299,6 +303,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "billing_consumer_heartbeat_age_seconds",
 			Help: "Time since the group coordinator last confirmed this member; past the session timeout (cut off from the brokers) the member starts no new work.",
 		}),
+		Generation: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_consumer_group_generation",
+			Help: "The consumer group's generation this member's session is in (every rebalance raises it, a cooperative one without a new session); 0 before the first session.",
+		}),
 		Rewinds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "billing_consumer_rewinds_total",
 			Help: "Partitions consumed again from the database's position because the database lost commits billing saw acknowledged (a failover to an asynchronous standby, a restored backup).",
@@ -337,7 +345,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.PaymentReplays, m.PaymentLookups, m.Webhooks, m.AttemptsInProgress, m.AttemptsOldestInProgress, m.AttemptsUnresolved,
 		m.PaymentSeconds, m.PaymentInFlight, m.PaymentRateLimited, m.AccountShare, m.AccountBudget, m.ChargingPaused, m.ChargingPausedSeconds, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
 		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
-		m.OutboxPublished, m.OutboxErrors, m.Lag, m.StableOffsetHeld, m.Retries, m.Retrying, m.HeartbeatAge, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch, m.ClaimedEventAge,
+		m.OutboxPublished, m.OutboxErrors, m.Lag, m.StableOffsetHeld, m.Retries, m.Retrying, m.HeartbeatAge, m.Generation, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch, m.ClaimedEventAge,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.
