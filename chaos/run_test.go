@@ -170,6 +170,8 @@ type run struct {
 	pooler *pooler
 	// stripe is the provider's wiring when sc.stripe (stripe_test.go).
 	stripe *stripeRun
+	// fleet is what the fleet scenario samples (fleet_test.go).
+	fleet *fleetRun
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one

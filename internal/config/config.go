@@ -114,7 +114,7 @@ type PaymentLimits struct {
 	MaxConcurrency int `env:"PAYMENT_MAX_CONCURRENCY" envDefault:"1024" help:"provider requests in flight, whole process (at 500 ms a provider answer, up to ~2,000 charges/s); MAX_IN_FLIGHT and PAYMENT_MAX_RPS bound them too"`
 	// MaxRPS bounds the provider requests per second of this process (a
 	// token bucket: each replica has its own); 0 is unlimited.
-	MaxRPS float64 `env:"PAYMENT_MAX_RPS" envDefault:"0" help:"provider requests per second of this process, lookups included (a token bucket: N replicas send up to N times it); 0 is unlimited. Stripe allows 25 requests/s per endpoint by default, and 100 operations/s per account live (25 in test mode): set about 25 divided by the replicas"`
+	MaxRPS float64 `env:"PAYMENT_MAX_RPS" envDefault:"0" help:"provider requests per second of this process, lookups included (a token bucket: N replicas send up to N times it; PAYMENT_ACCOUNT_MAX_RPS is the account's limit, shared by the replicas); 0 is unlimited"`
 	// IdempotencyWindow is how long the provider keeps an idempotency key.
 	// A charge attempt older than that is never sent again: asking again
 	// could charge twice. It is looked up at the provider instead, and
