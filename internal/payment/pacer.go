@@ -166,9 +166,15 @@ func (p *pacer) wait(ctx context.Context, creates bool) error {
 	}
 }
 
+// readyRecheck is how often a request held by a pause asks its caller
+// whether it still wants it.
+const readyRecheck = time.Second
+
 // resumed returns once charging is not paused. While it is, ready (when
-// not nil) is asked at once and at every change: a caller that no longer
-// wants its request is not kept waiting for the resume (ErrNotSent).
+// not nil) is asked at once and every readyRecheck: a caller that no
+// longer wants its request (its partition revoked, a drain) is not kept
+// waiting for the resume (ErrNotSent), which would hold a drain for its
+// whole timeout.
 func (p *pacer) resumed(ctx context.Context, ready func() error) error {
 	for {
 		p.mu.Lock()
@@ -177,15 +183,18 @@ func (p *pacer) resumed(ctx context.Context, ready func() error) error {
 		if !paused {
 			return nil
 		}
+		var recheck <-chan time.Time
 		if ready != nil {
 			if err := ready(); err != nil {
 				return Transient("not_sent", 0, fmt.Errorf("%w: %w", ErrNotSent, err))
 			}
+			recheck = time.After(readyRecheck)
 		}
 		select {
 		case <-ctx.Done():
 			return Transient("canceled", 0, ctx.Err())
 		case <-changed:
+		case <-recheck:
 		}
 	}
 }

@@ -117,18 +117,40 @@ func TestClient_PauseStopsAChargeWaitingForItsTurn(t *testing.T) {
 }
 
 // A caller that no longer wants its charge (its Ready refuses) is not kept
-// waiting for the resume.
+// waiting for the resume: whether it refuses when the pause holds its
+// charge or later (its partition revoked, a drain), within a second.
 func TestClient_PauseAsksReady(t *testing.T) {
 	t.Parallel()
 	var p provider
 	c, _ := newClient(t, config{BaseURL: p.start(t)})
 	c.SetPaused(true)
 	gone := errors.New("the partition is another consumer's")
+	var refuse atomic.Bool
+	refuse.Store(true)
 	r := charge
-	r.Ready = func() error { return gone }
-	err, ok := within(2*time.Second, func() error { _, err := c.Charge(context.Background(), r); return err })
+	r.Ready = func() error {
+		if refuse.Load() {
+			return gone
+		}
+		return nil
+	}
+	err, ok := within(time.Second, func() error { _, err := c.Charge(context.Background(), r); return err })
 	if !ok || !errors.Is(err, payment.ErrNotSent) || !errors.Is(err, gone) {
 		t.Errorf("returned %v with %v, want ErrNotSent and the caller's reason at once", ok, err)
+	}
+
+	refuse.Store(false)
+	done := make(chan error, 1)
+	go func() { _, err := c.Charge(context.Background(), r); done <- err }()
+	time.Sleep(300 * time.Millisecond)
+	refuse.Store(true)
+	select {
+	case err := <-done:
+		if !errors.Is(err, payment.ErrNotSent) {
+			t.Errorf("err = %v, want ErrNotSent", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Error("a charge its caller gave up during the pause still waits for the resume")
 	}
 	if n := p.charges.Load(); n != 0 {
 		t.Errorf("%d charges sent", n)
