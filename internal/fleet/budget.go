@@ -1,6 +1,9 @@
 package fleet
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // How the provider's 429s move the group's budget: a cut by a quarter at
 // each report of 429s, never below a tenth of PAYMENT_ACCOUNT_MAX_RPS, and
@@ -63,13 +66,19 @@ func ceilingOf(own float64, others []float64) float64 {
 }
 
 // shareOf is what a replica may take of budget while the live others hold
-// the shares others: an equal part of it, but never more than they leave.
-// A replica that joins thus starts with what is free and grows at its
-// next renewals, as the others shrink to their equal parts at theirs.
+// the shares others: an equal part of it, but never more than they leave,
+// in whole requests a second. A replica that joins thus starts with what
+// is free and grows at its next renewals, as the others shrink to their
+// equal parts at theirs.
+//
+// Whole, because a replica paced at s a second (over rpsMargin, which
+// absorbs arrival jitter) puts up to ceil(s) requests in a one-second
+// window: whole shares that sum to the budget stay within it in every
+// window, where fractional ones could each round up by one.
 func shareOf(budget float64, others []float64) float64 {
 	free := budget
 	for _, s := range others {
 		free -= s
 	}
-	return max(0, min(budget/float64(len(others)+1), free))
+	return max(0, math.Floor(min(budget/float64(len(others)+1), free)))
 }

@@ -17,10 +17,12 @@ func TestShareOf(t *testing.T) {
 		{"OK_EqualPartOfThree", 90, []float64{30, 30}, 30},
 		{"OK_JoinerTakesWhatIsFree", 100, []float64{50, 50}, 0},
 		{"OK_JoinerTakesPartOfWhatIsFree", 100, []float64{40, 50}, 10},
-		{"OK_GrowsToItsPartAsTheOthersShrink", 100, []float64{100.0 / 3, 100.0 / 3}, 100.0 / 3},
-		{"OK_AfterADeath", 100, []float64{100.0 / 3}, 50},
+		{"OK_GrowsToItsPartAsTheOthersShrink", 100, []float64{33, 33}, 33},
+		{"OK_AfterADeath", 100, []float64{33}, 50},
+		{"OK_WholeRequests", 10, []float64{3}, 5},
+		{"OK_WholeRequestsOfAFractionalBudget", 56.25, []float64{18, 18}, 18},
 		{"OK_NothingWhenTheOthersHoldMoreThanACutBudget", 75, []float64{50, 50}, 0},
-		{"OK_ShrinksToItsPartOfACutBudget", 75, []float64{25, 50}, 0},
+		{"OK_NothingFreeOfACutBudget", 75, []float64{25, 50}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -72,8 +74,8 @@ func TestShareOf_Rounds(t *testing.T) {
 	round("c", "a", "b")
 	round("c", "a", "b")
 	for n, s := range shares {
-		if math.Abs(s-budget/3) > 1e-9 {
-			t.Errorf("three replicas after two rounds: %s holds %v, want a third", n, s)
+		if s != 33 {
+			t.Errorf("three replicas after two rounds: %s holds %v, want 33 (a third, in whole requests)", n, s)
 		}
 	}
 	delete(shares, "b")

@@ -155,9 +155,13 @@ func TestBudget_ThreeReplicasShareTheAccount(t *testing.T) {
 	at := arrived.snapshot()
 	st := psp.Stats()
 	first := at[0]
+	var perSecond []int
+	for to := first.Add(time.Second); !to.After(at[len(at)-1]); to = to.Add(time.Second) {
+		perSecond = append(perSecond, within(at, to, time.Second))
+	}
 	mean := float64(within(at, killed, killed.Sub(first))) / killed.Sub(first).Seconds()
-	t.Logf("budget %d/s, three replicas with a backlog: %d requests, busiest second %d (provider's count %d), 429s %d; mean %.1f/s over the %s before the kill; the two survivors at 90/s again %s after the kill",
-		accountRPS, len(at), peak(at), st.PeakPerSecond, st.RateLimited, mean, killed.Sub(first).Round(100*time.Millisecond), respread.Round(100*time.Millisecond))
+	t.Logf("budget %d/s, three replicas with a backlog: %d requests, busiest second %d (provider's count %d), 429s %d; mean %.1f/s over the %s before the kill; the two survivors at 90/s again %s after the kill; requests by second from the first: %v",
+		accountRPS, len(at), peak(at), st.PeakPerSecond, st.RateLimited, mean, killed.Sub(first).Round(100*time.Millisecond), respread.Round(100*time.Millisecond), perSecond)
 	if p := peak(at); p > accountRPS || st.PeakPerSecond > accountRPS {
 		t.Errorf("busiest second: %d requests (provider: %d), over the account's %d", p, st.PeakPerSecond, accountRPS)
 	}

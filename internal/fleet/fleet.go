@@ -8,9 +8,11 @@
 // payment_budget row, so that the renewals of a group follow one another:
 //
 //   - It takes its share of the budget: an equal part among the live
-//     members, but never more than the others' unexpired shares leave. A
-//     replica that joins starts with what is free and grows as the others
-//     shrink to their equal parts at their next renewals.
+//     members, in whole requests a second (shareOf says why), but never
+//     more than the others' unexpired shares leave. A replica that joins
+//     starts with what is free and grows as the others shrink to their
+//     equal parts at their next renewals (it renews every shortInterval
+//     meanwhile).
 //   - A share is a lease. The replica uses it until LeaseTTL after it
 //     asked, less a margin, by its own monotonic clock; the others count
 //     it until its row's expiry, LeaseTTL after the transaction began by
@@ -41,6 +43,7 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -55,6 +58,11 @@ const (
 	// Interval is how often a member renews its share and reads the
 	// charging state: a pause applies within it.
 	Interval = time.Second
+	// shortInterval is how often a member that holds less than its equal
+	// part renews (one that joined, or whose peer died): the others
+	// shrink to theirs within Interval, and it takes what they free
+	// within shortInterval after, rather than a whole Interval later.
+	shortInterval = Interval / 5
 	// LeaseTTL is how long a share lasts unless renewed: a member that
 	// died gives its share back within it.
 	LeaseTTL = 3 * time.Second
@@ -105,6 +113,7 @@ type Member struct {
 	state     State // the charging state applied
 	followers []Follower
 	share     float64   // the share in use
+	short     bool      // it is below its equal part: renew sooner
 	until     time.Time // when it lapses, by this process's clock
 	limited   uint64    // the client's 429s already reported
 	failing   time.Time // when renewals began to fail; zero while they succeed
@@ -149,13 +158,13 @@ func (m *Member) Paused() bool {
 // end and the client sends nothing, and the charging state stays as last
 // read.
 func (m *Member) Run(ctx context.Context) {
-	tick := time.NewTicker(Interval)
-	defer tick.Stop()
+	next := time.NewTimer(m.interval())
+	defer next.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-next.C:
 		}
 		// A renewal that cannot answer before the lease would lapse
 		// anyway is no use.
@@ -165,7 +174,19 @@ func (m *Member) Run(ctx context.Context) {
 		if ctx.Err() == nil {
 			m.renewed(err)
 		}
+		next.Reset(m.interval())
 	}
+}
+
+// interval is how long until the next renewal: shortInterval while the
+// member holds less than its equal part of the budget, else Interval.
+func (m *Member) interval() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.short {
+		return shortInterval
+	}
+	return Interval
 }
 
 // renewed says when renewals begin to fail (and once a minute while they
@@ -309,6 +330,7 @@ func (m *Member) takeShare(ctx context.Context, tx *sqlx.Tx, limited bool) (floa
 	m.metrics.AccountBudget.Set(after.RPS)
 	share := shareOf(after.RPS, shares)
 	m.mu.Lock()
+	m.short = share < math.Floor(after.RPS/float64(len(shares)+1))
 	if share < m.share {
 		m.share = share
 		m.client.SetAccountShare(share, m.until)

@@ -8,6 +8,14 @@ import (
 	"time"
 )
 
+// lateSlack is how late a waiter may wake for its gap and still keep the
+// schedule: the next gap is counted from when this one was due, so that
+// what the timer and the scheduler lose (a fraction of a millisecond a
+// gap, more on a loaded machine) does not slow the rate down; a later
+// wake starts the schedule over. It shifts a request by at most this
+// much, well within the arrival jitter rpsMargin allows for.
+const lateSlack = 2 * time.Millisecond
+
 // errPaused: charging was paused while the request waited for its turn; it
 // was not sent, and waits for the resume (Client.Charge asks again then).
 var errPaused = errors.New("charging is paused: request not sent")
@@ -139,6 +147,9 @@ func (p *pacer) wait(ctx context.Context, creates bool) error {
 		next := p.last.Add(gap)
 		if ok && !now.Before(next) {
 			p.last = now
+			if late := now.Sub(next); late <= lateSlack {
+				p.last = next
+			}
 			p.mu.Unlock()
 			return nil
 		}
