@@ -49,10 +49,13 @@ func pauseCmd(ctx context.Context, paused bool, args []string, environ map[strin
 	var cfg config.Charging
 	fs := newFlagSet(name, about{synopsis: "--reason TEXT [--by NAME] [flags]", description: help, env: &cfg, example: example})
 	reason := fs.String("reason", "", "why, for whoever reads billing audit later (required)")
-	by := fs.String("by", audit.DefaultBy(), "who acts")
+	by := fs.String("by", "", "who acts (default: the operating system's user)")
 	wait := fs.Duration("wait", 10*time.Second, "how long to wait for every live replica to apply it (0: do not wait)")
 	if help, err := parseSubcommandFlags(fs, args, stdout); help || err != nil {
 		return err
+	}
+	if *by == "" {
+		*by = audit.DefaultBy()
 	}
 	if err := audit.Check(*by, *reason); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
