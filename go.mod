@@ -28,7 +28,6 @@ require (
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
 	golang.org/x/sys v0.50.0
-	golang.org/x/time v0.16.0
 )
 
 require (

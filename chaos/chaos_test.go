@@ -96,6 +96,11 @@ var scenarios = []scenario{
 		env:   map[string]string{"PAYMENT_RESOLVE_AFTER": "3s", "PAYMENT_RECOVER_AFTER": "20s"},
 		ready: importProviderMethods, inject: injectProviderRollingRestart, check: checkProvider,
 		only: brokerApache, why: "apache only: issue 41 asks for this scenario beside stripe, which runs on Apache Kafka; its faults are the provider's and billing's own"},
+	// One provider budget for the fleet, a pause and a resume, a replica
+	// killed (issue 42; fleet_test.go).
+	{name: "fleet", consumers: 3, count: 1200, rate: 60, latency: 20 * time.Millisecond, env: fleetEnv,
+		ready: readyFleet, inject: injectFleet, check: checkFleet,
+		only: brokerApache, why: "apache only: issue 42 asks for this scenario on Apache Kafka; the pause must cause no rebalance of a real group coordinator"},
 }
 
 func TestChaos(t *testing.T) {

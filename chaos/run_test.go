@@ -171,6 +171,8 @@ type run struct {
 	// provider is the provider's wiring when sc.provider is set
 	// (provider_test.go).
 	provider *providerRun
+	// fleet is what the fleet scenario samples (fleet_test.go).
+	fleet *fleetRun
 }
 
 // scenarioSeed derives a scenario's seed from the suite's, so that one

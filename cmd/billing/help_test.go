@@ -34,6 +34,8 @@ var envCommands = []struct {
 	{[]string{"audit"}, &auditConfig{}, ""},
 	{[]string{"dlq", "replay"}, &dlqConfig{}, ""},
 	{[]string{"payment-methods", "import"}, &config.PaymentMethods{}, ""},
+	{[]string{"pause"}, &config.Charging{}, ""},
+	{[]string{"resume"}, &config.Charging{}, ""},
 }
 
 // runHelp runs billing with args and returns what it printed on stdout,
@@ -159,6 +161,9 @@ func TestHelp_Errors(t *testing.T) {
 		{"ErrHelpUnknownCommand", []string{"help", "serv"}, `unknown command "serv"`},
 		{"ErrServeArgument", []string{"serve", "now"}, "serve takes no arguments"},
 		{"ErrMigrateUnknownFlag", []string{"migrate", "--force"}, "migrate: flag provided but not defined: -force"},
+		{"ErrPauseWithoutReason", []string{"pause", "--by", "alice"}, "pause: --reason is required"},
+		{"ErrResumeWithoutReason", []string{"resume"}, "resume: --reason is required"},
+		{"ErrPauseNegativeWait", []string{"pause", "--reason", "INC-42", "--wait", "-1s"}, "--wait must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

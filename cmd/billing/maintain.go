@@ -97,7 +97,7 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 	if cfg.Payment.BaseURL == "" {
 		log.Info("PAYMENT_BASE_URL is not set (stripe: PAYMENT_API_KEY): charge attempts left pending are reported, not completed or looked up")
 	} else {
-		client := newPayer(cfg.Payment.API(), nil, m)
+		client := newPayer(cfg.Payment.API(), false, nil, m)
 		defer client.Close()
 		payer = client
 	}

@@ -149,13 +149,15 @@ func recoverInterval(after time.Duration) time.Duration {
 }
 
 // newPayer returns the provider's client of serve, maintain and
-// reconcile, from the provider's settings they read; tp traces its calls
-// (nil: none).
-func newPayer(api config.API, tp trace.TracerProvider, m *metrics.Metrics) *payment.Client {
+// reconcile, from the provider's settings they read; shared when it sends
+// within a share of the account's budget (serve with
+// PAYMENT_ACCOUNT_MAX_RPS); tp traces its calls (nil: none).
+func newPayer(api config.API, shared bool, tp trace.TracerProvider, m *metrics.Metrics) *payment.Client {
 	cfg := payment.Config{
 		Timeout:        api.Timeout,
 		MaxConcurrency: api.MaxConcurrency,
 		MaxRPS:         api.MaxRPS,
+		AccountShared:  shared,
 		TracerProvider: tp,
 		Wallet:         walletOf(api.Provider),
 	}

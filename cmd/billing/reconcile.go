@@ -120,7 +120,7 @@ func reconcileCmd(ctx context.Context, args []string, environ map[string]string,
 		log.Info("Adyen has no API that lists payments: its side is the AUTHORISATION notifications billing kept (notified_payment)")
 		ledger = notified.NewStore(db, cfg.Payment.Provider)
 	} else {
-		client := newPayer(cfg.Payment.API(), nil, metrics.New(prometheus.NewRegistry()))
+		client := newPayer(cfg.Payment.API(), false, nil, metrics.New(prometheus.NewRegistry()))
 		defer client.Close()
 		ledger = client
 	}

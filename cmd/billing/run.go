@@ -38,6 +38,9 @@ Commands:
   dlq replay republish parked dead-letter messages, unchanged, to the topic they came from
   payment-methods import
              upsert which saved payment method pays for each customer (CSV on stdin)
+  pause      stop charging on every replica of the group within 5s, without a rebalance
+             (--reason required; recorded with --by in operator_action)
+  resume     charge again after billing pause (--reason required)
   version    print the version (also --version, -v)
   help       this text; billing help <command> describes a command
 
@@ -84,6 +87,8 @@ func run(ctx context.Context, args []string, environ map[string]string, stdin io
 		return dlqCmd(ctx, rest, environ, stdout, stderr)
 	case "payment-methods":
 		return paymentMethodsCmd(ctx, rest, environ, stdin, stdout, stderr)
+	case "pause", "resume":
+		return pauseCmd(ctx, cmd == "pause", rest, environ, stdout, stderr)
 	case "version", "--version", "-v":
 		return versionCmd(rest, stdout)
 	case "help", "-h", "--help":

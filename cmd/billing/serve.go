@@ -150,9 +150,16 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	defer replica.end()
 
 	// The provider's client outlives the background work that charges
-	// through it (maintenance's recovery), which stops first.
-	payer := newPayer(cfg.Payment.API(), tp, m)
+	// through it (maintenance's recovery), which stops first. The fleet's
+	// member gives it its share of the provider's budget and the charging
+	// state before anything charges, and leaves once nothing sends.
+	payer := newPayer(cfg.Payment.API(), cfg.Fleet.AccountMaxRPS > 0, tp, m)
 	defer payer.Close()
+	member, err := joinFleet(ctx, db, cfg, replica.instance, payer, m, log)
+	if err != nil {
+		return ignoreStop(ctx, err)
+	}
+	defer member.leave()
 	horizon := billing.Horizon{Retention: cfg.Dedup.Retention, MaxFutureSkew: cfg.Dedup.MaxFutureSkew,
 		ProviderWindow: cfg.Payment.IdempotencyWindow, ResolveAfter: cfg.Payment.ResolveAfter}
 	processor := billing.NewProcessor(db, dedup.NewStore(cfg.Kafka.GroupID), payer, horizon, m, tp, log)
@@ -204,6 +211,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 		return fmt.Errorf("consumer group: %w", err)
 	}
 	live.consumer.Store(c)
+	member.Follow(c) // while charging is paused, fetching is too
 	consume(ctx, c, cfg.Kafka, log)
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause

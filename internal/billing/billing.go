@@ -155,6 +155,17 @@ type walletBound interface {
 	Wallet() string
 }
 
+// pausable is a Payer whose charging an operator can pause
+// (payment.Client): recovery then takes no attempt it would have to hold
+// until the resume.
+type pausable interface {
+	// Paused reports whether charging is paused.
+	Paused() bool
+	// ResolveSends reports whether a lookup sends the payment again
+	// (Adyen's), and so waits for the resume like a charge.
+	ResolveSends() bool
+}
+
 // concurrencyBound is a Payer that sends at most Concurrency() requests at
 // once (0: no bound), as the payment client does: billing then runs no
 // more callers than that.

@@ -112,7 +112,9 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	if err := r.resolve(ctx, idle, &rep); err != nil {
 		return rep, err
 	}
-	if rep.Pending == 0 {
+	// While charging is paused nothing is sent again: the attempts wait,
+	// pending, for a run after the resume.
+	if rep.Pending == 0 || r.paused() != nil {
 		return rep, nil
 	}
 	window := r.window
@@ -145,7 +147,15 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 		wg.Go(func() {
 			if s.resend(ctx, c) {
 				req := request(c.a)
-				req.Ready = func() error { return withinWindow(s.now(), c.a, window) }
+				// Not sent once the attempt is past the provider's window
+				// (it could charge twice) or charging is paused (taken
+				// again after the resume).
+				req.Ready = func() error {
+					if err := r.paused(); err != nil {
+						return err
+					}
+					return withinWindow(s.now(), c.a, window)
+				}
 				c.answered(r.payer.Charge(ctx, req))
 				if errors.Is(c.err, payment.ErrNotSent) {
 					c.sent = false // left pending
@@ -176,6 +186,18 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 	}
 	s.log.Warn("completed charge attempts left pending", "taken", len(taken), "completed", rep.Completed, "unanswered", rep.Unanswered)
 	return rep, nil
+}
+
+// errChargingPaused: recovery sends nothing while charging is paused.
+var errChargingPaused = errors.New("charging is paused: recovery sends it after the resume")
+
+// paused returns errChargingPaused while an operator has paused charging,
+// else nil: the Ready of recovery's requests, which nobody waits for.
+func (r *Recoverer) paused() error {
+	if p, ok := r.payer.(pausable); ok && p.Paused() {
+		return errChargingPaused
+	}
+	return nil
 }
 
 // Report counts the pending charge attempts and those past the provider's
@@ -243,6 +265,9 @@ const lookupLease = time.Minute
 // window counts as unresolved, for a human.
 func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *RecoveryReport) error {
 	s := r.s
+	if p, ok := r.payer.(pausable); ok && p.ResolveSends() && p.Paused() {
+		return nil // a lookup would send the payment again: after the resume
+	}
 	var due, expired []charge.Row
 	err := s.inTx(ctx, "recover", nil, func(tx *sqlx.Tx) error {
 		var err error
@@ -268,7 +293,12 @@ func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *Recove
 	var wg sync.WaitGroup
 	for _, c := range calls {
 		wg.Go(func() {
-			out, err := r.payer.Resolve(ctx, lookup(c.a))
+			l := lookup(c.a)
+			l.Ready = r.paused
+			out, err := r.payer.Resolve(ctx, l)
+			if errors.Is(err, payment.ErrNotSent) {
+				return // paused meanwhile: its lease runs out, and a run after the resume looks it up
+			}
 			r.looked(c, out, err, now)
 		})
 	}

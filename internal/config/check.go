@@ -344,6 +344,15 @@ func (p Payment) LogValue() slog.Value {
 	)
 }
 
+// Validate checks the shared budget.
+func (f *Fleet) Validate() error {
+	var errs Errors
+	if f.AccountMaxRPS < 0 || f.AccountMaxRPS > 1e6 {
+		errs.add("PAYMENT_ACCOUNT_MAX_RPS", "%v is outside 0..1000000 (0 is none)", f.AccountMaxRPS)
+	}
+	return errs.err()
+}
+
 // Validate checks the consumer settings.
 func (c *Consumer) Validate() error {
 	var errs Errors
@@ -467,7 +476,7 @@ func (s *Serve) Validate() error {
 			}
 		}
 	}
-	return errors.Join(s.Kafka.Validate(), s.Database.Validate(), s.Payment.Validate(), s.Webhooks.Validate(), s.Consumer.Validate(),
+	return errors.Join(s.Kafka.Validate(), s.Database.Validate(), s.Payment.Validate(), s.Webhooks.Validate(), s.Fleet.Validate(), s.Consumer.Validate(),
 		s.Dedup.Validate(), s.Outbox.Validate(), s.Maintenance.Validate(), s.Log.Validate(), errs.err())
 }
 
@@ -490,6 +499,7 @@ func (s Serve) LogValue() slog.Value {
 		slog.Any("database", s.Database),
 		slog.Any("payment", s.Payment),
 		slog.Any("webhooks", s.Webhooks),
+		slog.Float64("payment_account_max_rps", s.Fleet.AccountMaxRPS),
 		slog.Any("consumer", s.Consumer),
 		slog.String("http_addr", s.HTTPAddr),
 		slog.String("debug_pprof_addr", s.PprofAddr),
@@ -505,6 +515,11 @@ func (s Serve) LogValue() slog.Value {
 // Validate checks every setting of migrate.
 func (m *Migrate) Validate() error {
 	return errors.Join(m.Database.Validate(), m.Log.Validate())
+}
+
+// Validate checks pause's and resume's settings.
+func (c *Charging) Validate() error {
+	return errors.Join(c.Database.Validate(), c.Log.Validate())
 }
 
 // Validate checks the import's settings: a provider that charges saved

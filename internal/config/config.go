@@ -114,7 +114,7 @@ type PaymentLimits struct {
 	MaxConcurrency int `env:"PAYMENT_MAX_CONCURRENCY" envDefault:"1024" help:"provider requests in flight, whole process (at 500 ms a provider answer, up to ~2,000 charges/s); MAX_IN_FLIGHT and PAYMENT_MAX_RPS bound them too"`
 	// MaxRPS bounds the provider requests per second of this process (a
 	// token bucket: each replica has its own); 0 is unlimited.
-	MaxRPS float64 `env:"PAYMENT_MAX_RPS" envDefault:"0" help:"provider requests per second of this process, lookups included (a token bucket: N replicas send up to N times it); 0 is unlimited. Stripe allows 25 requests/s per endpoint by default, and 100 operations/s per account live (25 in test mode): set about 25 divided by the replicas"`
+	MaxRPS float64 `env:"PAYMENT_MAX_RPS" envDefault:"0" help:"provider requests per second of this process, lookups included (a token bucket: N replicas send up to N times it; PAYMENT_ACCOUNT_MAX_RPS is the account's limit, shared by the replicas); 0 is unlimited"`
 	// IdempotencyWindow is how long the provider keeps an idempotency key.
 	// A charge attempt older than that is never sent again: asking again
 	// could charge twice. It is looked up at the provider instead, and
@@ -132,6 +132,16 @@ type PaymentLimits struct {
 	// PAYMENT_TIMEOUT (Load fills it in): a request still in flight is not
 	// asked again.
 	RecoverAfter time.Duration `env:"PAYMENT_RECOVER_AFTER" envDefault:"0" help:"how long a charge attempt may stay pending with nobody working on it before maintenance completes it; 0: the longer of 1m and 2 × PAYMENT_TIMEOUT"`
+}
+
+// Fleet is what the replicas of a consumer group share through the
+// database (internal/fleet): the provider account's request budget.
+type Fleet struct {
+	// AccountMaxRPS is the provider account's limit, in requests per
+	// second, which every replica of KAFKA_GROUP_ID shares: each takes a
+	// share of it in the database and sends no more than its share. 0: no
+	// shared budget (each replica is bounded by PAYMENT_MAX_RPS alone).
+	AccountMaxRPS float64 `env:"PAYMENT_ACCOUNT_MAX_RPS" envDefault:"0" help:"the provider account's requests per second (charges and lookups alike), shared by every replica of KAFKA_GROUP_ID through the database: the fleet never sends more in any second, a replica that dies gives its share back within 3s, and the provider's 429s shrink it for a while; 0 is none. PAYMENT_MAX_RPS still caps each replica. Stripe: 100/s live for the whole account, 25/s per endpoint (charges are one), 25/s in test mode"`
 }
 
 // OptionalPayment is maintain's provider: with PAYMENT_BASE_URL set (for
@@ -254,6 +264,7 @@ type Serve struct {
 	Database Pool
 	Payment  Payment
 	Webhooks Webhooks
+	Fleet    Fleet
 	Consumer Consumer
 	Dedup    Dedup
 	Outbox   Outbox
@@ -284,6 +295,14 @@ type Maintain struct {
 	Outbox     Outbox
 	Payment    OptionalPayment
 	Log        Log
+}
+
+// Charging is the configuration of `billing pause` and `billing resume`:
+// the database that holds the group's charging state, and the group.
+type Charging struct {
+	Database Database
+	GroupID  string `env:"KAFKA_GROUP_ID" envDefault:"billing-order-confirmed" notEmpty:"true" help:"the consumer group whose charging is paused or resumed: every replica of it follows"`
+	Log      Log
 }
 
 // PaymentMethods is the configuration of `billing payment-methods import`.

@@ -89,6 +89,11 @@ type Consumer struct {
 	saveWarn   sync.Mutex // guards saveWarned
 	saveWarned time.Time  // when a failed save of positions was last logged
 
+	// pausing guards paused, so that a claim that begins and a change of
+	// the charging state apply in one order.
+	pausing sync.Mutex
+	paused  bool // fetching is paused: charging is (SetPaused)
+
 	mu    sync.Mutex
 	owned map[int32]*partition // partitions being consumed, for lag
 }
@@ -116,6 +121,7 @@ func NewConsumer(client sarama.Client, proc Processor, dlq Parker, opts Options,
 		owned:   make(map[int32]*partition),
 	}
 	c.member.onTick = func(d time.Duration) { m.HeartbeatAge.Set(d.Seconds()) }
+	c.member.onGeneration = func(g int32) { m.Generation.Set(float64(g)) }
 	c.member.onLapse = func(d time.Duration) {
 		log.Error("the group coordinator has not confirmed this member for longer than the session timeout (cut off from the brokers?): its partitions may be another member's by now, so it starts no new work until the coordinator confirms it again; work in flight is decided by the database",
 			"unconfirmed_for", d, "session_timeout", c.member.timeout, "partitions", c.ownedPartitions())
@@ -129,6 +135,39 @@ func NewConsumer(client sarama.Client, proc Processor, dlq Parker, opts Options,
 // Ready reports whether the consumer holds a group session that the
 // coordinator confirms.
 func (c *Consumer) Ready() bool { return c.ready.Load() && c.member.holds() }
+
+// SetPaused pauses fetching from every partition this member consumes, now
+// and in its later sessions, or resumes it. A paused member stays in the
+// group: it heartbeats, keeps its partitions and is ready, so nothing is
+// rebalanced and the generation stays; the messages it had fetched still
+// go to billing, whose charges wait for the resume (payment.Client). It is
+// how serve follows an operator's pause of charging (internal/fleet).
+func (c *Consumer) SetPaused(paused bool) {
+	c.pausing.Lock()
+	defer c.pausing.Unlock()
+	if c.paused == paused {
+		return
+	}
+	c.paused = paused
+	if paused {
+		c.group.PauseAll()
+		c.log.Info("fetching paused, as charging is; the member stays in the group, its partitions and readiness unchanged", "partitions", c.ownedPartitions())
+		return
+	}
+	c.group.ResumeAll()
+	c.log.Info("fetching resumed, as charging is", "partitions", c.ownedPartitions())
+}
+
+// pauseClaim pauses a claim that begins while fetching is paused: sarama's
+// PauseAll pauses the partitions consumed when it is called, not those a
+// later session assigns.
+func (c *Consumer) pauseClaim(claim sarama.ConsumerGroupClaim) {
+	c.pausing.Lock()
+	defer c.pausing.Unlock()
+	if c.paused {
+		c.group.Pause(map[string][]int32{claim.Topic(): {claim.Partition()}})
+	}
+}
 
 // Run consumes until ctx is done, then drains in-flight work (within the
 // drain timeout), commits the marked offsets and leaves the group.
@@ -222,6 +261,7 @@ func (c *Consumer) Cleanup(sess sarama.ConsumerGroupSession) error {
 // claim ends (revoked, or the session is over), after the work in flight
 // finished or was abandoned.
 func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	c.pauseClaim(claim)
 	p := c.newPartition(sess, claim)
 	c.mu.Lock()
 	c.owned[claim.Partition()] = p

@@ -45,6 +45,10 @@ type membership struct {
 	// when it lapses and when it is confirmed again; onTick every
 	// confirmInterval with the time since the last confirmation.
 	onLapse, onAgain, onTick func(unconfirmed time.Duration)
+	// onGeneration is called every confirmInterval, with the lock held,
+	// with the generation of the session (which a cooperative rebalance
+	// raises without a new session) while there is one.
+	onGeneration func(generation int32)
 
 	mu        sync.Mutex
 	session   sarama.ConsumerGroupSession // nil between sessions
@@ -147,6 +151,9 @@ func (m *membership) run(ctx context.Context) {
 		sess := m.session
 		if m.onTick != nil {
 			m.onTick(time.Since(m.confirmed))
+		}
+		if sess != nil && m.onGeneration != nil {
+			m.onGeneration(sess.GenerationID())
 		}
 		if sess != nil && !m.lapsed && time.Since(m.confirmed) > m.timeout {
 			m.lapsed = true // no new charge is sent

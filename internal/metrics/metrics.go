@@ -61,6 +61,21 @@ type Metrics struct {
 	// the client's PAYMENT_MAX_CONCURRENCY slots (sent, or waiting for the
 	// rate limit or a 429 pause).
 	PaymentInFlight prometheus.Gauge
+	// PaymentRateLimited counts the provider's 429s, to charges and
+	// lookups alike (billing_payment_requests_total{result="rate_limited"}
+	// counts the charges' only): what the fleet's shared budget shrinks by.
+	PaymentRateLimited prometheus.Counter
+	// AccountShare is the share of the provider account's budget
+	// (PAYMENT_ACCOUNT_MAX_RPS) this replica may use now, in requests per
+	// second; AccountBudget the budget in force for the whole group as of
+	// its last renewal (lower than PAYMENT_ACCOUNT_MAX_RPS after 429s).
+	AccountShare  prometheus.Gauge
+	AccountBudget prometheus.Gauge
+	// ChargingPaused is 1 while this replica applies an operator's pause
+	// of charging (billing pause), ChargingPausedSeconds how long the
+	// group has been paused, by the database's clock.
+	ChargingPaused        prometheus.Gauge
+	ChargingPausedSeconds prometheus.Gauge
 	// Transaction observes how long each database transaction of the
 	// pipeline was open, by phase (claim, settle, recover): none of them
 	// spans a provider call, so they stay short whatever the provider does.
@@ -114,6 +129,10 @@ type Metrics struct {
 	// this process's membership (kafka's membership); past the session
 	// timeout the process starts no new work.
 	HeartbeatAge prometheus.Gauge
+	// Generation is the consumer group's generation this member's session
+	// is in, read every second: it grows at every rebalance, so a pause
+	// of charging, which must cause none, leaves it as it was.
+	Generation prometheus.Gauge
 	// Rewinds counts partitions consumed again because the database lost
 	// commits (its position was behind what billing saved),
 	// RewoundMessages the messages consumed again.
@@ -182,6 +201,26 @@ func New(reg prometheus.Registerer) *Metrics {
 		PaymentInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "billing_payment_requests_in_flight",
 			Help: "Provider requests holding a PAYMENT_MAX_CONCURRENCY slot (sent, or waiting for PAYMENT_MAX_RPS or a 429 pause).",
+		}),
+		PaymentRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_payment_rate_limited_total",
+			Help: "Provider answers 429 (rate limited), to charges and lookups alike; each shrinks the fleet's shared budget (PAYMENT_ACCOUNT_MAX_RPS).",
+		}),
+		AccountShare: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_payment_account_share",
+			Help: "Requests per second of the provider account's shared budget this replica may send now (0: none, or its lease lapsed; with PAYMENT_ACCOUNT_MAX_RPS=0, always 0).",
+		}),
+		AccountBudget: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_payment_account_budget",
+			Help: "Requests per second the whole consumer group may send to the provider account, as of this replica's last renewal: PAYMENT_ACCOUNT_MAX_RPS, less what 429s took (0: no shared budget).",
+		}),
+		ChargingPaused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_charging_paused",
+			Help: "1 while this replica applies an operator's pause of charging (billing pause): no request that could create a payment is sent and fetching is paused, without leaving the group.",
+		}),
+		ChargingPausedSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_charging_paused_seconds",
+			Help: "How long the consumer group's charging has been paused (billing pause), by the database's clock; 0 when it is not.",
 		}),
 		Transaction: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "billing_db_transaction_seconds",
@@ -264,6 +303,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "billing_consumer_heartbeat_age_seconds",
 			Help: "Time since the group coordinator last confirmed this member; past the session timeout (cut off from the brokers) the member starts no new work.",
 		}),
+		Generation: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "billing_consumer_group_generation",
+			Help: "The consumer group's generation this member's session is in (every rebalance raises it, a cooperative one without a new session); 0 before the first session.",
+		}),
 		Rewinds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "billing_consumer_rewinds_total",
 			Help: "Partitions consumed again from the database's position because the database lost commits billing saw acknowledged (a failover to an asynchronous standby, a restored backup).",
@@ -300,9 +343,9 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Events, m.DLQ, m.Processing, m.EndToEnd, m.PaymentRequests,
 		m.PaymentReplays, m.PaymentLookups, m.Webhooks, m.AttemptsInProgress, m.AttemptsOldestInProgress, m.AttemptsUnresolved,
-		m.PaymentSeconds, m.PaymentInFlight, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
+		m.PaymentSeconds, m.PaymentInFlight, m.PaymentRateLimited, m.AccountShare, m.AccountBudget, m.ChargingPaused, m.ChargingPausedSeconds, m.Transaction, m.DBErrors, m.AttemptsPending, m.AttemptsOldestPending,
 		m.AttemptsExpired, m.AttemptsRecovered, m.OutboxPending, m.OutboxOldestPending, m.OutboxDead,
-		m.OutboxPublished, m.OutboxErrors, m.Lag, m.StableOffsetHeld, m.Retries, m.Retrying, m.HeartbeatAge, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch, m.ClaimedEventAge,
+		m.OutboxPublished, m.OutboxErrors, m.Lag, m.StableOffsetHeld, m.Retries, m.Retrying, m.HeartbeatAge, m.Generation, m.Rewinds, m.RewoundMessages, m.Rebalances, m.Batch, m.ClaimedEventAge,
 		m.DedupPartitions, m.DedupOldestPartitionAge, m.DedupPartitionsDropped, m.DedupRetentionShortfall)
 	// Pre-create the outcome series so a dashboard shows zeros, not gaps, and
 	// rate() works from the first event.

@@ -50,6 +50,19 @@ func (b *breaker) allow() (ok, probe bool) {
 	return true, true
 }
 
+// release gives back an allowed call that was not sent (its wait for its
+// turn ended, or its caller no longer wanted it): it says nothing of the
+// provider's health, and a probe that was not sent lets the next call be
+// the probe.
+func (b *breaker) release(probe bool) {
+	if !probe {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing = false
+}
+
 // done records the result of an allowed call: healthy is false for an
 // answer that says the provider is unavailable.
 func (b *breaker) done(healthy, probe bool) {

@@ -4,8 +4,10 @@
 // declined, rejected, in progress, indeterminate) and transient errors;
 // what a provider's answer means is its Protocol's knowledge (packages
 // contract, stripe). A Client wraps a Protocol with what every provider
-// shares: at most so many requests in flight and per second, a pause after
-// a 429, a circuit breaker, the metrics, the connections.
+// shares: at most so many requests in flight and per second (this
+// process's, and its share of the account's when a fleet shares it), a
+// pause after a 429, the operator's pause of charging, a circuit breaker,
+// the metrics, the connections.
 //
 // Every charge carries Idempotency-Key: <eventId>. That is the second guard on
 // money: when the provider charged but its answer was lost (a reset
@@ -31,7 +33,6 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
-	"golang.org/x/time/rate"
 
 	"example.com/billing/internal/metrics"
 	"example.com/billing/internal/tracing"
@@ -79,6 +80,11 @@ type Config struct {
 	// paces at MaxRPS/rpsMargin: requests sent evenly arrive unevenly. 0
 	// means no bound.
 	MaxRPS float64
+	// AccountShared: the provider account's request budget is shared by
+	// the replicas of a fleet (PAYMENT_ACCOUNT_MAX_RPS), and the client
+	// sends nothing until it is given a share of it (SetAccountShare),
+	// nor once its share's lease has lapsed. MaxRPS still caps it.
+	AccountShared bool
 	// TracerProvider traces each call as a client span; nil traces nothing.
 	// Either way the request carries the caller's traceparent onward.
 	TracerProvider trace.TracerProvider
@@ -94,10 +100,14 @@ const rpsMargin = 1.05
 // Client calls the provider through its Protocol.
 //
 // It stays inside what the provider allows, for the whole process: at most
-// MaxConcurrency requests in flight and MaxRPS a second, and after a 429
-// with Retry-After no request at all until that time has passed. A caller
-// waits for its turn (or for its context to end) before its request is
-// sent; a provider that keeps failing is left alone by the circuit breaker.
+// MaxConcurrency requests in flight and MaxRPS a second (and, with a shared
+// account, its share of the account's budget), and after a 429 with
+// Retry-After no request at all until that time has passed. A caller waits
+// for its turn (or for its context to end) before its request is sent; a
+// provider that keeps failing is left alone by the circuit breaker. While
+// an operator has paused charging (SetPaused) no request that could create
+// a payment is sent: it waits for the resume, unsent; lookups that only
+// read go on.
 type Client struct {
 	proto   Protocol
 	wallet  string
@@ -106,11 +116,25 @@ type Client struct {
 	breaker *breaker
 	metrics *metrics.Metrics
 
-	slots   chan struct{} // one per request in flight; nil: unbounded
-	limiter *rate.Limiter // nil: unbounded
+	slots chan struct{} // one per request in flight; nil: unbounded
+	pacer *pacer
+	// resolveSends: the protocol's lookup sends the payment request again
+	// (Adyen's), so a lookup could create a payment and waits like a
+	// charge while charging is paused.
+	resolveSends bool
 	// pausedUntil holds the UnixNano time before which no request is sent:
 	// the provider's Retry-After of a 429, for every caller.
 	pausedUntil atomic.Int64
+	// limited counts the provider's 429s, charges' and lookups' alike.
+	limited atomic.Uint64
+}
+
+// Resender is a Protocol whose Resolve sends the payment request again
+// (Adyen has no lookup: its idempotency layer replays the answer, and a
+// request it never received is a new payment). Such a lookup waits like a
+// charge while charging is paused.
+type Resender interface {
+	ResolveResends() bool
 }
 
 // New returns a client that speaks proto within cfg's limits.
@@ -153,11 +177,35 @@ func New(proto Protocol, cfg Config, m *metrics.Metrics) *Client {
 	if cfg.MaxConcurrency > 0 {
 		c.slots = make(chan struct{}, cfg.MaxConcurrency)
 	}
-	if cfg.MaxRPS > 0 {
-		c.limiter = rate.NewLimiter(rate.Limit(cfg.MaxRPS/rpsMargin), 1)
+	c.pacer = newPacer(cfg.MaxRPS, cfg.AccountShared)
+	if r, ok := proto.(Resender); ok {
+		c.resolveSends = r.ResolveResends()
 	}
 	return c
 }
+
+// SetAccountShare gives the client its share of the account's budget:
+// rps requests a second, until until (from time.Now, so compared by the
+// monotonic clock), past which it sends nothing until the next share.
+// Without Config.AccountShared the share is not looked at.
+func (c *Client) SetAccountShare(rps float64, until time.Time) { c.pacer.setShare(rps, until) }
+
+// SetPaused pauses charging (true) or resumes it. While paused no request
+// that could create a payment is sent: a charge waits for the resume
+// without its slot, and one that was waiting for its turn is not sent but
+// waits too; a request already sent is answered as usual. Lookups that
+// only read go on.
+func (c *Client) SetPaused(paused bool) { c.pacer.setPaused(paused) }
+
+// Paused reports whether charging is paused.
+func (c *Client) Paused() bool { return c.pacer.isPaused() }
+
+// ResolveSends reports whether a lookup sends the payment request again
+// (Resender), and so waits like a charge while charging is paused.
+func (c *Client) ResolveSends() bool { return c.resolveSends }
+
+// RateLimited is how many 429s the provider answered this client so far.
+func (c *Client) RateLimited() uint64 { return c.limited.Load() }
 
 // spanName names a provider request's span: a charge is the only request
 // billing POSTs; lookups and listings read.
@@ -193,25 +241,37 @@ const (
 
 // Charge asks the provider to charge r. It returns the provider's outcome,
 // or a *TransientError (one that wraps ErrCircuitOpen or ErrNotSent when
-// the request was not even sent).
+// the request was not even sent). While charging is paused it waits for
+// the resume.
 func (c *Client) Charge(ctx context.Context, r Request) (Outcome, error) {
-	release, err := c.turn(ctx)
-	if err != nil {
-		return Outcome{}, Transient("canceled", 0, err)
-	}
-	defer release()
-	if r.Ready != nil {
-		if err := r.Ready(); err != nil {
-			return Outcome{}, Transient("not_sent", 0, fmt.Errorf("%w: %w", ErrNotSent, err))
+	for {
+		out, err := c.charge(ctx, r)
+		// Paused while it waited for its turn: not sent; it waits for
+		// the resume without its slot.
+		if !errors.Is(err, errPaused) {
+			return out, err
 		}
 	}
+}
+
+// charge is one turn of Charge.
+func (c *Client) charge(ctx context.Context, r Request) (Outcome, error) {
+	release, err := c.turn(ctx, true, r.Ready)
+	if err != nil {
+		return Outcome{}, err
+	}
+	defer release()
 	ok, probe := c.breaker.allow()
 	if !ok {
 		c.metrics.PaymentRequests.WithLabelValues("circuit_open").Inc()
 		return Outcome{}, Transient("circuit_open", 0, ErrCircuitOpen)
 	}
 	started := time.Now()
-	out, err := c.proto.Charge(ctx, doer{c, maxAnswer}, r)
+	out, err := c.proto.Charge(ctx, doer{c: c, limit: maxAnswer, paced: true, creates: true, ready: r.Ready}, r)
+	if u := unsentOf(err); u != nil {
+		c.breaker.release(probe)
+		return Outcome{}, u
+	}
 	c.metrics.PaymentSeconds.Observe(time.Since(started).Seconds())
 	result := resultOf(out, err)
 	c.metrics.PaymentRequests.WithLabelValues(result).Inc()
@@ -233,15 +293,34 @@ func (c *Client) Charge(ctx context.Context, r Request) (Outcome, error) {
 
 // Resolve asks the provider what became of the attempt l (Protocol.Resolve),
 // within the client's limits: lookups count against the provider's rate
-// limit like charges. The circuit breaker does not stand in its way: a
-// lookup charges nothing.
+// limit like charges, each of their requests. The circuit breaker does not
+// stand in its way: a lookup charges nothing, unless the protocol's lookup
+// sends the payment again (Resender), which waits while charging is paused
+// as a charge does.
 func (c *Client) Resolve(ctx context.Context, l Lookup) (Outcome, error) {
-	release, err := c.turn(ctx)
+	for {
+		out, err := c.resolve(ctx, l)
+		if !errors.Is(err, errPaused) {
+			return out, err
+		}
+	}
+}
+
+// resolve is one turn of Resolve.
+func (c *Client) resolve(ctx context.Context, l Lookup) (Outcome, error) {
+	var ready func() error
+	if c.resolveSends {
+		ready = l.Ready
+	}
+	release, err := c.turn(ctx, c.resolveSends, ready)
 	if err != nil {
 		return Outcome{}, err
 	}
 	defer release()
-	out, err := c.proto.Resolve(ctx, doer{c, maxPage}, l)
+	out, err := c.proto.Resolve(ctx, doer{c: c, limit: maxPage, paced: true, creates: c.resolveSends, ready: ready}, l)
+	if u := unsentOf(err); u != nil {
+		return Outcome{}, u
+	}
 	result := out.Kind.String()
 	if err != nil {
 		result = "error"
@@ -255,7 +334,7 @@ func (c *Client) Resolve(ctx context.Context, l Lookup) (Outcome, error) {
 // job: it takes none of the charging requests' slots or rate budget, and no
 // circuit breaker stands in its way.
 func (c *Client) Charges(ctx context.Context, from, to time.Time) ([]ListedCharge, error) {
-	return c.proto.Charges(ctx, doer{c, maxPage}, from, to)
+	return c.proto.Charges(ctx, doer{c: c, limit: maxPage}, from, to)
 }
 
 // resultOf is the billing_payment_requests_total label of a charge's answer.
@@ -272,22 +351,34 @@ func resultOf(out Outcome, err error) string {
 	return out.Kind.String()
 }
 
-// turn waits until a request may be sent: a free slot, no 429 pause in
-// force, a token of the rate limit. It returns the function that frees the
-// slot, or ctx's error.
-func (c *Client) turn(ctx context.Context) (release func(), err error) {
-	release = func() {}
+// turn waits until a call may start: charging not paused, for one that
+// creates (asking ready meanwhile), and a free slot. It returns the
+// function that frees the slot, or a *TransientError: canceled (ctx ended)
+// or not_sent (ready refused). Each of the call's requests then waits for
+// its own turn to leave (doer.Do).
+func (c *Client) turn(ctx context.Context, creates bool, ready func() error) (release func(), err error) {
+	if creates {
+		if err := c.pacer.resumed(ctx, ready); err != nil {
+			return nil, err
+		}
+	}
+	free := func() {}
 	if c.slots != nil {
 		select {
 		case c.slots <- struct{}{}:
-			release = func() { <-c.slots }
+			free = func() { <-c.slots }
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, Transient("canceled", 0, ctx.Err())
 		}
 	}
 	c.metrics.PaymentInFlight.Inc()
-	done := release
-	release = func() { c.metrics.PaymentInFlight.Dec(); done() }
+	return func() { c.metrics.PaymentInFlight.Dec(); free() }, nil
+}
+
+// leave waits until one request may leave now: no 429 pause in force and
+// the pacer's gap (the rate, the share; for one that creates, no pause of
+// charging: errPaused). It returns ctx's error when ctx ends first.
+func (c *Client) leave(ctx context.Context, creates bool) error {
 	for {
 		wait := time.Until(time.Unix(0, c.pausedUntil.Load()))
 		if wait <= 0 {
@@ -298,17 +389,10 @@ func (c *Client) turn(ctx context.Context) (release func(), err error) {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			release()
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 	}
-	if c.limiter != nil {
-		if err := c.limiter.Wait(ctx); err != nil {
-			release()
-			return nil, err
-		}
-	}
-	return release, nil
+	return c.pacer.wait(ctx, creates)
 }
 
 // pause holds every request back for d: the provider asked the client, not
@@ -335,13 +419,47 @@ func healthy(result string) bool {
 
 // doer is the Client's Doer: one exchange within the client's timeout, the
 // caller's traceparent on the request, at most limit bytes of the answer
-// read.
+// read. A paced one waits for the request's turn to leave first (leave),
+// and then, for one that creates, asks ready.
 type doer struct {
-	c     *Client
-	limit int64
+	c       *Client
+	limit   int64
+	paced   bool
+	creates bool
+	ready   func() error
+}
+
+// unsent is the error of a request that was never sent: its wait for its
+// turn ended (the caller's context, a pause of charging) or its Ready
+// refused it. The call it belongs to counts no request.
+type unsent struct{ err *TransientError }
+
+func (u *unsent) Error() string { return u.err.Error() }
+func (u *unsent) Unwrap() error { return u.err }
+
+// unsentOf returns the *TransientError of a request that was never sent,
+// nil for any other err.
+func unsentOf(err error) error {
+	var u *unsent
+	if errors.As(err, &u) {
+		return u.err
+	}
+	return nil
 }
 
 func (d doer) Do(req *http.Request) (Response, error) {
+	if d.paced {
+		if err := d.c.leave(req.Context(), d.creates); errors.Is(err, errPaused) {
+			return Response{}, &unsent{Transient("paused", 0, err)}
+		} else if err != nil {
+			return Response{}, &unsent{Transient("canceled", 0, err)}
+		}
+		if d.ready != nil {
+			if err := d.ready(); err != nil {
+				return Response{}, &unsent{Transient("not_sent", 0, fmt.Errorf("%w: %w", ErrNotSent, err))}
+			}
+		}
+	}
 	ctx, cancel := context.WithTimeout(req.Context(), d.c.timeout)
 	defer cancel()
 	req = req.WithContext(ctx)
@@ -351,6 +469,12 @@ func (d doer) Do(req *http.Request) (Response, error) {
 		return Response{}, Transient(networkResult(err), 0, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests {
+		// What the fleet's budget shrinks by (internal/fleet), lookups'
+		// too: they count against the same account.
+		d.c.limited.Add(1)
+		d.c.metrics.PaymentRateLimited.Inc()
+	}
 	// Read no further than limit: what a longer answer says is judged by
 	// its start (a truncated document does not decode).
 	body, err := io.ReadAll(io.LimitReader(resp.Body, d.limit))

@@ -9,4 +9,4 @@ package schema
 // newest migrations are expand ones the code does not use yet, it stays
 // below the newest (Version), so that this release also runs where they
 // are not applied.
-const Oldest = 12
+const Oldest = 16

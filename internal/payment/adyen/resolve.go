@@ -42,6 +42,11 @@ func (p *Protocol) Resolve(ctx context.Context, do payment.Doer, l payment.Looku
 	return p.Charge(ctx, do, l.Request)
 }
 
+// ResolveResends reports that Resolve sends the payment request again
+// (payment.Resender): a request Adyen never received would be a new
+// payment, so a lookup waits like a charge while charging is paused.
+func (p *Protocol) ResolveResends() bool { return true }
+
 // ErrNoList: Adyen has no API that lists payments.
 var ErrNoList = errors.New("adyen has no API that lists payments: billing reconcile reads the AUTHORISATION notifications billing kept")
 
