@@ -243,6 +243,11 @@ func TestConsumer_AHangingTransactionHoldsItsPartitionAndIsReported(t *testing.T
 			// transaction.timeout.ms is the chaos suite's txn-hanging)
 			// releases what waited behind it.
 			prod.abort(t)
+			// The abort's markers reach the partition after the producer
+			// hears its answer: until then the last stable offset stays
+			// at "open", where the group's committed offset already is,
+			// so being caught up says nothing yet.
+			wait.For(t, 30*time.Second, "the event behind the transaction finished", func() bool { return rec.finishedCount("after") == 1 })
 			kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
 			if rec.finishedCount("after") != 1 || rec.finishedCount("open") != 0 {
 				t.Errorf("after the abort: open %d, after %d; want 0, 1", rec.finishedCount("open"), rec.finishedCount("after"))
