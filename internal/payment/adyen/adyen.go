@@ -217,36 +217,14 @@ func (p *Protocol) classify(resp payment.Response) (payment.Outcome, error) {
 	case strings.EqualFold(resp.Header.Get("Transient-Error"), "true"):
 		// Adyen says another try may fare better: its word comes before
 		// the status.
-		return payment.Outcome{}, transient(status, resp.Header, detail())
+		return payment.Outcome{}, payment.TransientStatus(status, resp.Header, detail(), forbidden)
 	case fromAdyen && (status == http.StatusUnprocessableEntity || status == http.StatusBadRequest):
 		// A validation error (a stored card Adyen does not have, an
 		// amount or currency the account cannot take): asking again
 		// cannot help.
 		return payment.Outcome{Kind: payment.Rejected, Ref: e.PspReference, Code: payment.Code(e.ErrorCode), Detail: detail()}, nil
 	}
-	return payment.Outcome{}, transient(status, resp.Header, detail())
-}
-
-// transient is the *TransientError of an answer to ask again later, its
-// metric label named by the status.
-func transient(status int, h http.Header, detail string) *payment.TransientError {
-	switch {
-	case status == http.StatusConflict:
-		return payment.Transient("conflict", 0, errors.New(detail))
-	case status == http.StatusTooManyRequests:
-		return payment.Transient("rate_limited", payment.RetryAfter(h), errors.New(detail))
-	case status == http.StatusUnauthorized:
-		// A bad key is the environment's fault, not the event's: hold the
-		// partition until an operator fixes PAYMENT_API_KEY.
-		return payment.Transient("unauthorized", 0, fmt.Errorf("%s (check PAYMENT_API_KEY)", detail))
-	case status == http.StatusForbidden:
-		// An API key without the Checkout webservice role, or not allowed
-		// for ADYEN_MERCHANT_ACCOUNT: the environment's fault too.
-		return payment.Transient("forbidden", 0, fmt.Errorf("%s (PAYMENT_API_KEY lacks a role, or ADYEN_MERCHANT_ACCOUNT is not its)", detail))
-	case status >= 500:
-		return payment.Transient("server_error", payment.RetryAfter(h), errors.New(detail))
-	}
-	return payment.Transient("client_error", 0, fmt.Errorf("unexpected answer %s", detail))
+	return payment.Outcome{}, payment.TransientStatus(status, resp.Header, detail(), forbidden)
 }
 
 // paymentResponse is what billing reads of Adyen's answer to /payments.
@@ -362,3 +340,6 @@ func (e adyenError) String() string {
 	}
 	return s
 }
+
+// forbidden is what a 403 says the key lacks.
+const forbidden = "PAYMENT_API_KEY lacks a role, or ADYEN_MERCHANT_ACCOUNT is not its"

@@ -17,7 +17,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -138,7 +137,7 @@ func (p *Protocol) classify(resp payment.Response) (payment.Outcome, error) {
 		// Stripe knows whether its idempotency layer stored the answer
 		// and whether another try may fare better: its word comes before
 		// the status.
-		return payment.Outcome{}, transient(status, resp.Header, detail())
+		return payment.Outcome{}, payment.TransientStatus(status, resp.Header, detail(), forbidden)
 	case status == http.StatusPaymentRequired && fromStripe:
 		return payment.Outcome{Kind: payment.Declined, Ref: e.paymentIntentID(), Code: e.declineCode(), Detail: detail(), Replayed: replayed}, nil
 	case status == http.StatusBadRequest && fromStripe,
@@ -155,32 +154,11 @@ func (p *Protocol) classify(resp payment.Response) (payment.Outcome, error) {
 		// it up instead.
 		return payment.Outcome{Kind: payment.Indeterminate, Ref: e.paymentIntentID(), Code: payment.Code(e.Code), Detail: detail(), Replayed: replayed}, nil
 	}
-	return payment.Outcome{}, transient(status, resp.Header, detail())
+	return payment.Outcome{}, payment.TransientStatus(status, resp.Header, detail(), forbidden)
 }
 
-// transient is the *TransientError of an answer to ask again later, its
-// metric label named by the status.
-func transient(status int, h http.Header, detail string) *payment.TransientError {
-	switch {
-	case status == http.StatusConflict:
-		// Our own earlier request under the key is still being processed
-		// (idempotency_key_in_use), or the PaymentIntent is locked.
-		return payment.Transient("conflict", 0, errors.New(detail))
-	case status == http.StatusTooManyRequests:
-		return payment.Transient("rate_limited", payment.RetryAfter(h), errors.New(detail))
-	case status == http.StatusUnauthorized:
-		// A bad key is the environment's fault, not the event's: hold the
-		// partition until an operator fixes PAYMENT_API_KEY.
-		return payment.Transient("unauthorized", 0, fmt.Errorf("%s (check PAYMENT_API_KEY)", detail))
-	case status == http.StatusForbidden:
-		// A restricted key without the PaymentIntents write permission:
-		// the environment's fault too, retried, never parked.
-		return payment.Transient("forbidden", 0, fmt.Errorf("%s (PAYMENT_API_KEY lacks a permission)", detail))
-	case status >= 500:
-		return payment.Transient("server_error", payment.RetryAfter(h), errors.New(detail))
-	}
-	return payment.Transient("client_error", 0, fmt.Errorf("unexpected answer %s", detail))
-}
+// forbidden is what a 403 says the key lacks.
+const forbidden = "PAYMENT_API_KEY lacks a permission"
 
 // authorize sets what every request to Stripe carries: the key and the
 // pinned version.
