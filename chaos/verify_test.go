@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jmoiron/sqlx"
+
 	"example.com/billing/internal/charge"
 	"example.com/billing/internal/dev/loadgen"
 	"example.com/billing/internal/dlq"
@@ -184,25 +186,7 @@ func (r *run) verify() result {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	var processed []string
-	if err := db.Select(&processed, `SELECT event_id::text FROM processed_event WHERE consumer_group = $1`, r.group); err != nil {
-		t.Fatalf("read processed_event: %v", err)
-	}
-	seen := map[string]bool{}
-	for _, id := range processed {
-		if seen[id] {
-			t.Errorf("processed_event holds %s twice", id)
-		}
-		seen[id] = true
-		if _, ok := events[id]; !ok {
-			t.Errorf("processed_event holds %s, which is not a valid event", id)
-		}
-	}
-	for id := range events {
-		if !seen[id] {
-			lost[id] += "; not in processed_event"
-		}
-	}
+	r.checkProcessed(db, events, lost)
 	rows, err := charge.Select(context.Background(), db, "")
 	if err != nil {
 		t.Fatalf("read charge: %v", err)
@@ -424,4 +408,30 @@ func (r *run) verify() result {
 		}
 	}
 	return res
+}
+
+// checkProcessed checks that processed_event holds exactly the valid
+// events, each once, and records in lost the valid events it lacks.
+func (r *run) checkProcessed(db *sqlx.DB, events map[string]loadgen.Event, lost map[string]string) {
+	t := r.t
+	t.Helper()
+	var processed []string
+	if err := db.Select(&processed, `SELECT event_id::text FROM processed_event WHERE consumer_group = $1`, r.group); err != nil {
+		t.Fatalf("read processed_event: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, id := range processed {
+		if seen[id] {
+			t.Errorf("processed_event holds %s twice", id)
+		}
+		seen[id] = true
+		if _, ok := events[id]; !ok {
+			t.Errorf("processed_event holds %s, which is not a valid event", id)
+		}
+	}
+	for id := range events {
+		if !seen[id] {
+			lost[id] += "; not in processed_event"
+		}
+	}
 }
