@@ -186,7 +186,7 @@ func (r *run) verify() result {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	r.checkProcessed(db, events, lost)
+	processed := r.checkProcessed(db, events, lost)
 	rows, err := charge.Select(context.Background(), db, "")
 	if err != nil {
 		t.Fatalf("read charge: %v", err)
@@ -411,8 +411,9 @@ func (r *run) verify() result {
 }
 
 // checkProcessed checks that processed_event holds exactly the valid
-// events, each once, and records in lost the valid events it lacks.
-func (r *run) checkProcessed(db *sqlx.DB, events map[string]loadgen.Event, lost map[string]string) {
+// events, each once, records in lost the valid events it lacks, and
+// returns the event ids it holds.
+func (r *run) checkProcessed(db *sqlx.DB, events map[string]loadgen.Event, lost map[string]string) []string {
 	t := r.t
 	t.Helper()
 	var processed []string
@@ -434,4 +435,5 @@ func (r *run) checkProcessed(db *sqlx.DB, events map[string]loadgen.Event, lost 
 			lost[id] += "; not in processed_event"
 		}
 	}
+	return processed
 }
