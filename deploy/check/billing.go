@@ -43,8 +43,8 @@ func path(elem ...string) string { return filepath.Join(append([]string{root}, e
 
 // Binary is what billing's source says the binary does and reads.
 type Binary struct {
-	// Commands are the words `billing <command>` dispatches on, from the
-	// switch in cmd/billing's run.
+	// Commands are the words `billing <command>` dispatches on: the names
+	// and aliases of cmd/billing's table of subcommands.
 	Commands map[string]bool
 	// Flags holds each command's flag names, from the flag sets cmd/billing
 	// builds with newFlagSet (or flag.NewFlagSet) and the flags defined on
@@ -203,8 +203,9 @@ var flagDefiners = map[string]int{
 	"UintVar": 1, "Uint64Var": 1, "TextVar": 1, "Var": 1,
 }
 
-// commandsAndFlags finds the case labels of the switch statements in func
-// run, and the flags of every flag set created in cmd/billing.
+// commandsAndFlags finds the names and aliases of the table of
+// subcommands ([]subcommand{{name: ...}}), and the flags of every flag set
+// created in cmd/billing.
 func commandsAndFlags(dir string) (map[string]bool, map[string]map[string]bool, error) {
 	files, err := goFiles(dir)
 	if err != nil {
@@ -218,18 +219,12 @@ func commandsAndFlags(dir string) (map[string]bool, map[string]map[string]bool, 
 			if !ok || fn.Body == nil {
 				continue
 			}
-			if fn.Name.Name == "run" && fn.Recv == nil {
-				ast.Inspect(fn.Body, func(n ast.Node) bool {
-					if cc, ok := n.(*ast.CaseClause); ok {
-						for _, e := range cc.List {
-							if s, ok := stringLit(e); ok {
-								commands[s] = true
-							}
-						}
-					}
-					return true
-				})
-			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				for _, name := range subcommandNames(n) {
+					commands[name] = true
+				}
+				return true
+			})
 			// A function that creates a flag set for a command defines that
 			// command's flags.
 			cmd := ""
@@ -272,9 +267,54 @@ func commandsAndFlags(dir string) (map[string]bool, map[string]map[string]bool, 
 		}
 	}
 	if len(commands) == 0 {
-		return nil, nil, fmt.Errorf("%s: no switch on the command in func run; update deploy/check", dir)
+		return nil, nil, fmt.Errorf("%s: no table of subcommands ([]subcommand{...}); update deploy/check", dir)
 	}
 	return commands, flags, nil
+}
+
+// subcommandNames returns the names and aliases of the entries of n when n
+// is a table of subcommands, []subcommand{{name: "serve", ...}, ...}.
+func subcommandNames(n ast.Node) []string {
+	table, ok := n.(*ast.CompositeLit)
+	if !ok {
+		return nil
+	}
+	typ, ok := table.Type.(*ast.ArrayType)
+	if !ok {
+		return nil
+	}
+	if elt, ok := typ.Elt.(*ast.Ident); !ok || elt.Name != "subcommand" {
+		return nil
+	}
+	var names []string
+	for _, e := range table.Elts {
+		entry, ok := e.(*ast.CompositeLit)
+		if !ok {
+			continue
+		}
+		for _, f := range entry.Elts {
+			kv, ok := f.(*ast.KeyValueExpr)
+			if !ok {
+				continue
+			}
+			switch key, _ := kv.Key.(*ast.Ident); {
+			case key == nil:
+			case key.Name == "name":
+				if s, ok := stringLit(kv.Value); ok {
+					names = append(names, s)
+				}
+			case key.Name == "aliases":
+				if list, ok := kv.Value.(*ast.CompositeLit); ok {
+					for _, a := range list.Elts {
+						if s, ok := stringLit(a); ok {
+							names = append(names, s)
+						}
+					}
+				}
+			}
+		}
+	}
+	return names
 }
 
 // envTags returns every `env:"NAME..."` struct tag in dir's Go files.
