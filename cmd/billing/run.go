@@ -18,7 +18,8 @@ import (
 var version = "dev"
 
 // subcommand is one `billing <name>`: its entry in the usage and what runs
-// it. Every command is registered in subcommands, and nowhere else.
+// it. Every command is registered in subcommands (those that ship) or in
+// developerCommands (the developer build's), and nowhere else.
 type subcommand struct {
 	name    string
 	aliases []string
@@ -41,7 +42,8 @@ type invocation struct {
 	stdout, stderr io.Writer
 }
 
-// subcommands are billing's commands, in the order of its usage.
+// subcommands are the commands of the build that ships, in the order of
+// the usage: the service and what its operators run.
 func subcommands() []subcommand {
 	return []subcommand{
 		{name: "serve", summary: "consume order.confirmed.v1 events and charge them; serves /healthz, /readyz, /metrics,\n" +
@@ -57,23 +59,6 @@ func subcommands() []subcommand {
 		{name: "maintain", summary: "the tables' upkeep, once: partitions ahead and expired ones dropped, charge attempts left pending",
 			run: func(ctx context.Context, in invocation) error {
 				return maintain(ctx, in.args, in.environ, in.stdout, in.stderr)
-			}},
-		{name: "demo", summary: "the whole pipeline on this machine (embedded broker, fake provider), then a summary",
-			run: func(ctx context.Context, in invocation) error {
-				return demoCmd(ctx, in.argv0, in.args, in.environ, in.stdout)
-			}},
-		{name: "produce", summary: "publish order.confirmed.v1 events: valid, duplicated and invalid, at a rate",
-			run: func(ctx context.Context, in invocation) error {
-				return produceCmd(ctx, in.args, in.environ, in.stdout)
-			}},
-		{name: "devkafka", summary: "an embedded Kafka-protocol broker for development (in memory, kfake; not Apache Kafka)",
-			run: func(ctx context.Context, in invocation) error {
-				return devkafkaCmd(ctx, in.args, in.environ, in.stdout, in.stderr)
-			}},
-		{name: "fakepsp", summary: "a fake payment provider (billing's contract or Stripe's API) with idempotency, webhooks\n" +
-			"and fault injection",
-			run: func(ctx context.Context, in invocation) error {
-				return fakepspCmd(ctx, in.args, in.environ, in.stdout, in.stderr)
 			}},
 		{name: "reconcile", summary: "compare the charge table with the provider's charges of a window; non-zero exit when they differ",
 			run: func(ctx context.Context, in invocation) error {
@@ -118,8 +103,16 @@ func subcommands() []subcommand {
 	}
 }
 
-// usage is billing's usage: its commands, from subcommands.
-func usage() string {
+// developerNames names the developer commands (developerCommands) in the
+// build that ships, which does not link them.
+const developerNames = "demo, produce, devkafka, fakepsp"
+
+// usage is billing's usage: the commands of this build.
+func usage() string { return usageWith(developerCommands()) }
+
+// usageWith is the usage of a build whose developer commands are dev:
+// listed after the others, or, in the build that ships, where they are.
+func usageWith(dev []subcommand) string {
 	var b strings.Builder
 	b.WriteString(`billing charges each confirmed order exactly once in effect.
 
@@ -129,6 +122,15 @@ Commands:
 `)
 	for _, c := range subcommands() {
 		b.WriteString(c.usageEntry())
+	}
+	if len(dev) > 0 {
+		b.WriteString("\nDeveloper commands (this developer build's; the build that ships has none):\n")
+		for _, c := range dev {
+			b.WriteString(c.usageEntry())
+		}
+	} else {
+		b.WriteString("\nThis is the build that ships: the developer commands (" + developerNames + ")\n" +
+			"are in the developer build, which make dev builds into bin/dev/billing.\n")
 	}
 	b.WriteString(`
 'billing help <command>' or 'billing <command> -h' describes a command: its
@@ -162,14 +164,24 @@ func run(ctx context.Context, args []string, environ map[string]string, stdin io
 		fmt.Fprint(stderr, usage())
 		return errUsage
 	}
-	name := args[1]
+	name, dev := args[1], developerCommands()
 	in := invocation{argv0: args[0], args: args[2:], environ: environ, stdin: stdin, stdout: stdout, stderr: stderr}
-	for _, c := range subcommands() {
+	for _, c := range append(subcommands(), dev...) {
 		if c.name == name || slices.Contains(c.aliases, name) {
 			return c.run(ctx, in)
 		}
 	}
-	fmt.Fprint(stderr, usage())
+	return unknownCommand(name, dev, stderr)
+}
+
+// unknownCommand is the error for a command this build lacks, after the
+// usage; in the build that ships, a developer command's says where it is.
+func unknownCommand(name string, dev []subcommand, stderr io.Writer) error {
+	if len(dev) == 0 && slices.Contains(strings.Split(developerNames, ", "), name) {
+		return fmt.Errorf("%s is a developer command, not in this build (the one that ships): "+
+			"run bin/dev/billing %s after make dev, or go run -tags dev ./cmd/billing %s", name, name, name)
+	}
+	fmt.Fprint(stderr, usageWith(dev))
 	return fmt.Errorf("unknown command %q", name)
 }
 
