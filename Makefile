@@ -5,8 +5,9 @@ GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/billing
+DEV_BIN   := bin/dev/billing
 
-.PHONY: help ci build demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup lint-migrations squawk stripe-mock
+.PHONY: help ci build dev demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup lint-migrations squawk stripe-mock
 
 ## help: the targets and what they do (from the Makefile's ## comments)
 help:
@@ -18,35 +19,42 @@ help:
 ci:
 	bash .ci/run
 
-## build: the static billing binary in bin/
+## build: the static billing binary that ships, in bin/ (the image's): the
+## service and its operators' commands, no developer command
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/billing
+
+## dev: the developer build, bin/dev/billing: make build's commands and the
+## developer commands (demo, produce, devkafka, fakepsp), which link a fake
+## broker and a fake provider (-tags dev; docs/deployment.md, "What ships")
+dev:
+	CGO_ENABLED=0 $(GO) build -tags dev -trimpath -ldflags "$(LDFLAGS)" -o $(DEV_BIN) ./cmd/billing
 
 ## demo: the whole pipeline on this machine (embedded broker, fake provider,
 ## the PostgreSQL at DATABASE_URL or one of its own), then a summary;
 ## DEMO_FLAGS="--keep" leaves it running until Ctrl-C
 # The built binary, not `go run`: go run exits 1 when interrupted even when
 # the program exits 0, which turned Ctrl-C of --keep into a make error.
-demo: build
-	$(BIN) demo $(DEMO_FLAGS)
+demo: dev
+	$(DEV_BIN) demo $(DEMO_FLAGS)
 
 # The tests' PostgreSQL: the server at TEST_DATABASE_URL (127.0.0.1:5432)
 # when it answers, else one withpg starts for the whole run, from PG_BIN,
 # /usr/lib/postgresql/*/bin or the embedded PostgreSQL (docs/testing.md).
 WITHPG := $(GO) run ./internal/dev/pgserver/cmd/withpg
 
-## test: every test, with the race detector, against the PostgreSQL at
-## TEST_DATABASE_URL or one of their own, and KAFKA_TEST_BROKER (default:
-## Apache Kafka where Java and Maven are installed, else the embedded kfake
-## broker; see docs/testing.md)
+## test: every test, with the race detector, in the developer build (which
+## has every command), against the PostgreSQL at TEST_DATABASE_URL or one
+## of their own, and KAFKA_TEST_BROKER (default: Apache Kafka where Java and
+## Maven are installed, else the embedded kfake broker; see docs/testing.md)
 test:
-	$(WITHPG) $(GO) test -race -count=1 -timeout 20m ./...
+	$(WITHPG) $(GO) test -tags dev -race -count=1 -timeout 20m ./...
 	cd deploy/check && $(GO) test -count=1 ./...
 
 ## test-kfake: the tests that talk to a broker, on the embedded kfake broker
 KAFKA_PACKAGES := ./cmd/... ./internal/kafka/... ./internal/testenv/kafkatest/... ./internal/dev/loadgen/...
 test-kfake:
-	KAFKA_TEST_BROKER=kfake $(WITHPG) $(GO) test -race -count=1 -timeout 20m $(KAFKA_PACKAGES)
+	KAFKA_TEST_BROKER=kfake $(WITHPG) $(GO) test -tags dev -race -count=1 -timeout 20m $(KAFKA_PACKAGES)
 
 ## kafka: resolve the pinned Apache Kafka (test/kafka/pom.xml) into the cache
 ## the tests use (~/.cache/billing/kafka-<version>); they do it on first use
@@ -71,23 +79,38 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test ./internal/order -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME)
 
-## lint: formatting, go vet, staticcheck and lint-migrations (which installs
-## squawk when it is missing, see below)
+## lint: formatting, go vet and staticcheck of every build (below), and
+## lint-migrations (which installs squawk when it is missing, see below)
 lint: fmt-check vet staticcheck lint-migrations
+
+# The builds of this tree that vet and staticcheck check besides a
+# release's (no tag): the developer build (dev), the chaos suite's next
+# release (upgradetest), the benchmark's seed design (seeddesign) and the
+# chaos suite (chaos), on Linux; and a developer's Mac, for the packages
+# with files of their own off Linux (*_other.go; the tests build on Linux
+# only). deploy/check (make test) fails when a Go file is in none of them.
+BUILD_TAGS      := dev upgradetest seeddesign chaos
+DARWIN_PACKAGES := ./internal/postgres/ ./internal/dev/pgserver/ ./internal/testenv/pgbouncer/
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+## vet: go vet of every build (BUILD_TAGS, DARWIN_PACKAGES) and of deploy/check
 vet:
 	$(GO) vet ./...
+	for tag in $(BUILD_TAGS); do $(GO) vet -tags $$tag ./... || exit 1; done
+	GOOS=darwin $(GO) vet $(DARWIN_PACKAGES)
 	cd deploy/check && $(GO) vet ./...
 
 # The tools are pinned in tools/go.mod, apart from the service's modules.
 bin/staticcheck bin/govulncheck: tools/go.mod
 	cd tools && $(GO) build -o ../bin/ honnef.co/go/tools/cmd/staticcheck golang.org/x/vuln/cmd/govulncheck
 
+## staticcheck: staticcheck of every build; -matrix merges them, so that
+## what one build alone uses is not reported unused in the others
 staticcheck: bin/staticcheck
-	bin/staticcheck ./...
+	printf 'release:\n$(foreach tag,$(BUILD_TAGS),$(tag): -tags=$(tag)\n)' | bin/staticcheck -matrix ./...
+	GOOS=darwin bin/staticcheck $(DARWIN_PACKAGES)
 
 # squawk, the migration linter, pinned. From PyPI's squawk-cli: its wheel
 # carries the binary and installs with pip alone, where npm's squawk-cli
@@ -151,9 +174,10 @@ vuln: bin/govulncheck
 ## and PostgreSQL CPU per event; redraws bench/throughput/sweep.svg
 ## (ARGS="-broker kfake|apache|both -nodes 1|3 -pgbench 0 -profile DIR
 ## -replicas 1,2,3 -provider inprocess|process|node -timeline DIR"; default
-## both brokers where Java and Maven are installed)
+## both brokers where Java and Maven are installed); billing is make build's
+## binary, -provider process runs make dev's fakepsp
 BENCH_BASELINE ?= 3f706e0
-bench: build
+bench: build dev
 	$(GO) run ./bench/throughput -baseline $(BENCH_BASELINE) -svg bench/throughput/sweep.svg $(ARGS)
 
 ## bench-dedup: processed_event at 10M rows, v7 vs v4 keys, DROP PARTITION vs

@@ -37,13 +37,16 @@ var (
 	keepFlag = flag.Bool("keep", false, "keep the suite's directory (logs, database files) even when every scenario passed (or CHAOS_KEEP=1)")
 )
 
-// suite is what all scenarios share: the billing binary, the PostgreSQL
+// suite is what all scenarios share: the billing binaries, the PostgreSQL
 // cluster, the broker and the directory that holds their files and logs.
 var suite struct {
-	seed   int64
-	dir    string
-	binary string
-	pg     *pgCluster
+	seed int64
+	dir  string
+	// binary is billing as it ships, which runs serve and every operator's
+	// command; devBinary the developer build, whose fakepsp is the
+	// provider.
+	binary, devBinary string
+	pg                *pgCluster
 	// broker is brokerApache or brokerKfake; kafka is the Apache Kafka
 	// cluster (nil on kfake, where each scenario starts its own broker).
 	broker string
@@ -108,7 +111,11 @@ func runSuite(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 1
 	}
-	if suite.binary, err = buildBinary(dir); err != nil {
+	if suite.binary, err = buildBinary(dir, "CHAOS_BINARY", "billing"); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 1
+	}
+	if suite.devBinary, err = buildBinary(dir, "CHAOS_DEV_BINARY", "billing-dev", "-tags", "dev"); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 1
 	}
@@ -153,35 +160,35 @@ func chooseSeed() int64 {
 	return time.Now().UnixNano() % 1_000_000_000
 }
 
-// buildBinary builds cmd/billing into dir, or returns CHAOS_BINARY when set.
-// Building every time, with the Go build cache, is quick and never runs a
-// stale binary.
-func buildBinary(dir string) (string, error) {
-	if b := os.Getenv("CHAOS_BINARY"); b != "" {
+// buildBinary builds cmd/billing with tags into dir as name, or returns
+// the binary the variable env names when set. Building every time, with
+// the Go build cache, is quick and never runs a stale binary.
+func buildBinary(dir, env, name string, tags ...string) (string, error) {
+	if b := os.Getenv(env); b != "" {
 		abs, err := filepath.Abs(b)
 		if err != nil {
 			return "", err
 		}
-		fmt.Printf("chaos: using CHAOS_BINARY=%s\n", abs)
+		fmt.Printf("chaos: using %s=%s\n", env, abs)
 		return abs, nil
 	}
 	// The go command that runs this test puts its own GOROOT/bin first in
 	// PATH, so this is the same toolchain.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		return "", fmt.Errorf("the go command is needed to build cmd/billing (or set CHAOS_BINARY): %w", err)
+		return "", fmt.Errorf("the go command is needed to build cmd/billing (or set %s): %w", env, err)
 	}
-	out := filepath.Join(dir, "billing")
+	out := filepath.Join(dir, name)
 	started := time.Now()
-	// make build's flags, so that the two share the build cache.
-	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, "example.com/billing/cmd/billing")
+	// make build's (make dev's) flags, so that they share the build cache.
+	cmd := exec.Command(goBin, append(append([]string{"build"}, tags...), "-trimpath", "-o", out, "example.com/billing/cmd/billing")...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if extra := os.Getenv("CHAOS_BUILD_FLAGS"); extra != "" {
 		cmd.Args = append(cmd.Args[:2], append(strings.Fields(extra), cmd.Args[2:]...)...)
 		cmd.Env = os.Environ()
 	}
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/billing: %w\n%s", err, msg)
+		return "", fmt.Errorf("go build %s: %w\n%s", strings.Join(append(tags, "./cmd/billing"), " "), err, msg)
 	}
 	fmt.Printf("chaos: built %s in %s\n", out, time.Since(started).Round(time.Millisecond))
 	return out, nil

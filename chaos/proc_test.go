@@ -188,7 +188,8 @@ func httpDo(method, url string, body []byte) (int, []byte, error) {
 
 // --- billing fakepsp as a process ---
 
-// psp is `billing fakepsp` running as a process of its own.
+// psp is `billing fakepsp` (the developer build's) running as a process of
+// its own.
 type psp struct {
 	*proc
 	url string
@@ -200,7 +201,7 @@ var urlPattern = regexp.MustCompile(`https?://127\.0\.0\.1:[0-9]+`)
 // and webhook secret, nil for none) and waits for it.
 func startPSP(logPath string, env map[string]string, args ...string) (*psp, error) {
 	pr, pw := io.Pipe()
-	p, err := startProc("fakepsp", logPath, env, pw, append([]string{"fakepsp", "--addr", "127.0.0.1:0"}, args...)...)
+	p, err := startBinaryIn(suite.devBinary, nil, "fakepsp", logPath, env, pw, append([]string{"fakepsp", "--addr", "127.0.0.1:0"}, args...)...)
 	if err != nil {
 		return nil, err
 	}

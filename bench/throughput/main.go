@@ -152,6 +152,7 @@ func run() error {
 		partitions = flag.Int("partitions", 6, "partitions of the topic")
 		outcomeN   = flag.Int("outcome-partitions", 0, "partitions of the outcome topic (payments.settled); 0: as many as the topic")
 		binary     = flag.String("binary", "bin/billing", "the billing binary to run (make build)")
+		devBinary  = flag.String("fakepsp", "bin/dev/billing", "with -provider process: the developer build of billing, whose fakepsp serves as the provider (make dev)")
 		server     = flag.String("db", "", "PostgreSQL server (maintenance database URL) instead of the benchmark's own cluster (initdb'd in a temporary directory); no database cost is measured there, as its WAL and CPU are everyone's")
 		only       = flag.String("only", "", "run only scenarios whose name contains this")
 		extra      = flag.String("env", "", "extra serve environment for the billing scenarios, comma-separated K=V")
@@ -262,7 +263,7 @@ func run() error {
 		*outcomeN = *partitions
 	}
 	opts := runOptions{server: *server, partitions: int32(*partitions), outcomePartitions: int32(*outcomeN), profileDir: *profileDir, profileEvery: *profEvery,
-		providerHTTP2: *http2, provider: *pspKind, fakepspBinary: *binary}
+		providerHTTP2: *http2, provider: *pspKind, fakepspBinary: *devBinary}
 	if *pspKind != providerInProcess && *http2 {
 		return errors.New("-provider-http2 needs -provider inprocess")
 	}

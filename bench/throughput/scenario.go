@@ -43,7 +43,7 @@ type runOptions struct {
 	// payment providers' APIs do, instead of HTTP/1.1 in the clear.
 	providerHTTP2 bool
 	// provider is how the fake provider runs (-provider), fakepspBinary
-	// the billing binary whose `fakepsp` runs it as a process.
+	// the developer build of billing whose `fakepsp` runs it as a process.
 	provider      string
 	fakepspBinary string
 	// pg is the benchmark's own PostgreSQL cluster, whose WAL and CPU are

@@ -289,6 +289,7 @@ func (a *aclFixture) replay(t *testing.T, big []byte) {
 }
 
 func (a *aclFixture) produce(t *testing.T) {
+	needsDeveloperBuild(t, "produce")
 	h := a.h
 	var k config.Kafka
 	if err := config.Load(h.broker.Env(), &k); err != nil {

@@ -1,3 +1,5 @@
+//go:build dev
+
 package main
 
 import (
@@ -610,7 +612,7 @@ Any of these gives it one:
 // temporary binary of go run.
 func commandHint(argv0 string) string {
 	if argv0 == "" || strings.Contains(argv0, "go-build") {
-		return "go run ./cmd/billing"
+		return "go run -tags dev ./cmd/billing"
 	}
 	return argv0
 }

@@ -1,3 +1,5 @@
+//go:build dev
+
 package main
 
 import (
@@ -7,7 +9,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,28 +19,6 @@ import (
 )
 
 var pspURLLine = regexp.MustCompile(`fakepsp listening on (http://127\.0\.0\.1:\d+)`)
-
-// postCharge posts one charge request and returns the status, 0 when the
-// connection failed.
-func postCharge(t *testing.T, base, apiKey string, orderID int, key string) int {
-	t.Helper()
-	body := `{"orderId":` + strconv.Itoa(orderID) + `,"customerId":7,"amount":1999,"currency":"EUR"}`
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/charges", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	if apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
 
 // postIntent creates a Stripe PaymentIntent paid by pm and returns the
 // status, 0 when the connection failed.

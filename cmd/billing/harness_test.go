@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -256,4 +257,26 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// postCharge posts one charge request and returns the status, 0 when the
+// connection failed.
+func postCharge(t *testing.T, base, apiKey string, orderID int, key string) int {
+	t.Helper()
+	body := `{"orderId":` + strconv.Itoa(orderID) + `,"customerId":7,"amount":1999,"currency":"EUR"}`
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/charges", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

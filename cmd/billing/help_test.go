@@ -2,41 +2,12 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
-	"regexp"
-	"slices"
+	"io"
 	"strings"
 	"testing"
-
-	"example.com/billing/internal/config"
 )
-
-// envCommands are the commands configured by the environment and the
-// configuration each of them loads: what their help lists, and what
-// docs/configuration.md documents (see TestConfigurationReference).
-var envCommands = []struct {
-	args []string
-	cfg  any
-	// note is said about the command in docs/configuration.md, besides
-	// its variables.
-	note string
-}{
-	{[]string{"serve"}, &config.Serve{}, "Tracing is off unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set; the OpenTelemetry SDK's standard `OTEL_*` variables apply (`OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`, `OTEL_EXPORTER_OTLP_HEADERS`, ...)."},
-	{[]string{"migrate"}, &config.Migrate{}, ""},
-	{[]string{"maintain"}, &config.Maintain{}, ""},
-	{[]string{"demo"}, &demoConfig{}, "The demo sets everything else itself: serve's variables from the environment are not used."},
-	{[]string{"produce"}, &config.Kafka{}, "With `OTEL_EXPORTER_OTLP_ENDPOINT` set, each message carries the traceparent of its producer span."},
-	{[]string{"devkafka"}, &config.Topics{}, ""},
-	{[]string{"fakepsp"}, &fakepspConfig{}, ""},
-	{[]string{"reconcile"}, &reconcileConfig{}, ""},
-	{[]string{"explain"}, &explainConfig{}, ""},
-	{[]string{"resolve"}, &config.Resolve{}, ""},
-	{[]string{"audit"}, &auditConfig{}, ""},
-	{[]string{"dlq", "replay"}, &dlqConfig{}, ""},
-	{[]string{"payment-methods", "import"}, &config.PaymentMethods{}, ""},
-	{[]string{"pause"}, &config.Charging{}, ""},
-	{[]string{"resume"}, &config.Charging{}, ""},
-}
 
 // runHelp runs billing with args and returns what it printed on stdout,
 // failing the test when it fails or prints on stderr.
@@ -52,64 +23,6 @@ func runHelp(t *testing.T, args ...string) string {
 	return stdout.String()
 }
 
-// envLine is a variable's first line in the help: NAME, NAME=default or
-// NAME (required).
-var envLine = regexp.MustCompile(`(?m)^  ([A-Z][A-Z0-9_]*)(=\S*| \(required\))?$`)
-
-// TestHelp_ListsTheEnvironment: every command configured by the
-// environment describes, with -h, --help and billing help <command>, every
-// variable its configuration reads (and no other), with its default and
-// meaning, and gives an example; without reading the environment or
-// starting anything.
-func TestHelp_ListsTheEnvironment(t *testing.T) {
-	t.Parallel()
-	for _, c := range envCommands {
-		name := strings.Join(c.args, " ")
-		for _, form := range [][]string{
-			append(slices.Clone(c.args), "-h"),
-			append(slices.Clone(c.args), "--help"),
-			append([]string{"help"}, c.args...),
-		} {
-			t.Run(strings.Join(form, "_"), func(t *testing.T) {
-				t.Parallel()
-				out := runHelp(t, form...)
-				if !strings.HasPrefix(out, "Usage: billing "+name) {
-					t.Errorf("help does not start with the usage of billing %s:\n%s", name, out)
-				}
-				_, env, ok := strings.Cut(out, "\nEnvironment (NAME=default):\n")
-				if !ok {
-					t.Fatalf("help lists no environment:\n%s", out)
-				}
-				env, example, ok := strings.Cut(env, "\nExample:\n  ")
-				if !ok || !strings.Contains(example, "billing "+name) {
-					t.Errorf("help gives no example of billing %s:\n%s", name, out)
-				}
-				var listed []string
-				for _, m := range envLine.FindAllStringSubmatch(env, -1) {
-					listed = append(listed, m[1])
-				}
-				var want []string
-				for _, v := range config.Vars(c.cfg) {
-					want = append(want, v.Name)
-					first := "  " + v.Name + "\n"
-					switch {
-					case v.Required:
-						first = "  " + v.Name + " (required)\n"
-					case v.Default != "":
-						first = "  " + v.Name + "=" + v.Default + "\n"
-					}
-					if !strings.Contains(env, first+"    \t"+v.Help+"\n") {
-						t.Errorf("help lacks %q followed by its meaning %q", strings.TrimSpace(first), v.Help)
-					}
-				}
-				if !slices.Equal(listed, want) {
-					t.Errorf("help lists %q, the configuration reads %q", listed, want)
-				}
-			})
-		}
-	}
-}
-
 func TestHelp_Commands(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -117,9 +30,9 @@ func TestHelp_Commands(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"OK_Help", []string{"help"}, usage},
-		{"OK_DashH", []string{"-h"}, usage},
-		{"OK_HelpHelp", []string{"help", "help"}, usage},
+		{"OK_Help", []string{"help"}, usage()},
+		{"OK_DashH", []string{"-h"}, usage()},
+		{"OK_HelpHelp", []string{"help", "help"}, usage()},
 		{"OK_Version", []string{"version"}, version + "\n"},
 		{"OK_DashDashVersion", []string{"--version"}, version + "\n"},
 		{"OK_DashV", []string{"-v"}, version + "\n"},
@@ -134,18 +47,59 @@ func TestHelp_Commands(t *testing.T) {
 			}
 		})
 	}
-	// Every command of the usage is described by billing help <command>.
-	commands := regexp.MustCompile(`(?m)^  ([a-z]+(?: replay)?) `).FindAllStringSubmatch(usage, -1)
-	if len(commands) < 10 {
-		t.Fatalf("found %d commands in the usage, want them all:\n%s", len(commands), usage)
-	}
-	for _, m := range commands {
-		if m[1] == "help" {
+	// Every command registered is described by billing help <command>.
+	for _, c := range subcommands() {
+		if c.name == "help" {
 			continue
 		}
-		if out := runHelp(t, append([]string{"help"}, strings.Fields(m[1])...)...); !strings.HasPrefix(out, "Usage: billing "+m[1]) {
-			t.Errorf("billing help %s printed:\n%s", m[1], out)
+		shown := cmp.Or(c.synopsis, c.name)
+		if out := runHelp(t, append([]string{"help"}, strings.Fields(shown)...)...); !strings.HasPrefix(out, "Usage: billing "+shown) {
+			t.Errorf("billing help %s printed:\n%s", shown, out)
 		}
+	}
+}
+
+// needsDeveloperBuild skips t in the build that ships, which has no
+// developer command (make test builds the developer build).
+func needsDeveloperBuild(t *testing.T, command string) {
+	t.Helper()
+	if len(developerCommands()) == 0 {
+		t.Skipf("billing %s is a developer command: go test -tags dev", command)
+	}
+}
+
+// TestDeveloperCommands_NamedInTheBuildThatShips: the build that ships
+// names the developer commands it lacks, as the developer build registers
+// them.
+func TestDeveloperCommands_NamedInTheBuildThatShips(t *testing.T) {
+	needsDeveloperBuild(t, "demo")
+	var names []string
+	for _, c := range developerCommands() {
+		names = append(names, c.name)
+	}
+	if got := strings.Join(names, ", "); got != developerNames {
+		t.Errorf("the developer build registers %s, the build that ships names %s", got, developerNames)
+	}
+}
+
+// TestHelp_TheBuildThatShips: its usage lists no developer command and
+// says where they are, and asking for one says the same.
+func TestHelp_TheBuildThatShips(t *testing.T) {
+	t.Parallel()
+	out := usageWith(nil)
+	for _, name := range strings.Split(developerNames, ", ") {
+		if strings.Contains(out, "\n  "+name+" ") {
+			t.Errorf("the usage of the build that ships lists %s:\n%s", name, out)
+		}
+	}
+	if !strings.Contains(out, "("+developerNames+")") || !strings.Contains(out, "make dev") {
+		t.Errorf("the usage of the build that ships does not say where the developer commands are:\n%s", out)
+	}
+	if err := unknownCommand("demo", nil, io.Discard); !strings.Contains(err.Error(), "demo is a developer command") || !strings.Contains(err.Error(), "make dev") {
+		t.Errorf("billing demo in the build that ships: %v", err)
+	}
+	if err := unknownCommand("serv", nil, io.Discard); err.Error() != `unknown command "serv"` {
+		t.Errorf("billing serv in the build that ships: %v", err)
 	}
 }
 

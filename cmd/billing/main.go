@@ -1,5 +1,7 @@
 // Command billing charges confirmed orders exactly once in effect. See
-// `billing help` for its subcommands.
+// `billing help` for its subcommands, registered in run.go. Built with the
+// tag dev (make dev), it also has the developer commands, the demo and the
+// fakes it runs (dev.go); the build that ships has none of them.
 package main
 
 import (

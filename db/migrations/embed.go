@@ -1,5 +1,3 @@
-//go:build !upgradetest
-
 // Package migrations embeds billing's SQL migrations so that the binary
 // carries its own schema: `billing migrate` needs no files on disk.
 package migrations

@@ -14,6 +14,7 @@ import (
 	"database/sql"
 	"fmt"
 	"go/ast"
+	"go/build/constraint"
 	"go/parser"
 	"go/token"
 	"os"
@@ -43,9 +44,13 @@ func path(elem ...string) string { return filepath.Join(append([]string{root}, e
 
 // Binary is what billing's source says the binary does and reads.
 type Binary struct {
-	// Commands are the words `billing <command>` dispatches on, from the
-	// switch in cmd/billing's run.
+	// Commands are the words `billing <command>` dispatches on, in the
+	// developer build, which has every command: the names and aliases of
+	// cmd/billing's tables of subcommands.
 	Commands map[string]bool
+	// Developer are the commands of the developer build (the tag dev)
+	// only, which the image that ships does not have.
+	Developer map[string]bool
 	// Flags holds each command's flag names, from the flag sets cmd/billing
 	// builds with newFlagSet (or flag.NewFlagSet) and the flags defined on
 	// them.
@@ -93,7 +98,7 @@ func LoadBinary() (*Binary, error) {
 		AllVars:   map[string]bool{},
 	}
 	var err error
-	if b.Commands, b.Flags, err = commandsAndFlags(path("cmd", "billing")); err != nil {
+	if b.Commands, b.Developer, b.Flags, err = commandsAndFlags(path("cmd", "billing")); err != nil {
 		return nil, err
 	}
 	configVars, err := envTags(path("internal", "config"))
@@ -164,7 +169,7 @@ func structVars(rt reflect.Type) map[string]bool {
 	return vars
 }
 
-// goFiles parses the non-test Go files of dir.
+// goFiles parses the non-test Go files of dir, of every build.
 func goFiles(dir string) ([]*ast.File, error) {
 	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
@@ -176,13 +181,34 @@ func goFiles(dir string) ([]*ast.File, error) {
 		if strings.HasSuffix(n, "_test.go") {
 			continue
 		}
-		f, err := parser.ParseFile(fset, n, nil, parser.SkipObjectResolution)
+		f, err := parser.ParseFile(fset, n, nil, parser.SkipObjectResolution|parser.ParseComments)
 		if err != nil {
 			return nil, err
 		}
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// shipped reports whether f is in the build that ships: on Linux, with no
+// tag (make build, the Dockerfile's image).
+func shipped(f *ast.File) (bool, error) {
+	for _, g := range f.Comments {
+		if g.Pos() > f.Package {
+			break
+		}
+		for _, c := range g.List {
+			if !constraint.IsGoBuild(c.Text) {
+				continue
+			}
+			expr, err := constraint.Parse(c.Text)
+			if err != nil {
+				return false, err
+			}
+			return expr.Eval(func(tag string) bool { return tag == "linux" || tag == "amd64" || tag == "unix" }), nil
+		}
+	}
+	return true, nil
 }
 
 func stringLit(e ast.Expr) (string, bool) {
@@ -203,33 +229,33 @@ var flagDefiners = map[string]int{
 	"UintVar": 1, "Uint64Var": 1, "TextVar": 1, "Var": 1,
 }
 
-// commandsAndFlags finds the case labels of the switch statements in func
-// run, and the flags of every flag set created in cmd/billing.
-func commandsAndFlags(dir string) (map[string]bool, map[string]map[string]bool, error) {
+// commandsAndFlags finds the names and aliases of the tables of
+// subcommands ([]subcommand{{name: ...}}), those in files of the developer
+// build only, and the flags of every flag set created in cmd/billing.
+func commandsAndFlags(dir string) (commands, developer map[string]bool, flags map[string]map[string]bool, err error) {
 	files, err := goFiles(dir)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	commands := map[string]bool{}
-	flags := map[string]map[string]bool{}
+	commands, developer, flags = map[string]bool{}, map[string]bool{}, map[string]map[string]bool{}
+	shippedNames := map[string]bool{}
 	for _, f := range files {
+		ships, err := shipped(f)
+		if err != nil {
+			return nil, nil, nil, err
+		}
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
 			if !ok || fn.Body == nil {
 				continue
 			}
-			if fn.Name.Name == "run" && fn.Recv == nil {
-				ast.Inspect(fn.Body, func(n ast.Node) bool {
-					if cc, ok := n.(*ast.CaseClause); ok {
-						for _, e := range cc.List {
-							if s, ok := stringLit(e); ok {
-								commands[s] = true
-							}
-						}
-					}
-					return true
-				})
-			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				for _, name := range subcommandNames(n) {
+					commands[name] = true
+					shippedNames[name] = shippedNames[name] || ships
+				}
+				return true
+			})
 			// A function that creates a flag set for a command defines that
 			// command's flags.
 			cmd := ""
@@ -272,9 +298,59 @@ func commandsAndFlags(dir string) (map[string]bool, map[string]map[string]bool, 
 		}
 	}
 	if len(commands) == 0 {
-		return nil, nil, fmt.Errorf("%s: no switch on the command in func run; update deploy/check", dir)
+		return nil, nil, nil, fmt.Errorf("%s: no table of subcommands ([]subcommand{...}); update deploy/check", dir)
 	}
-	return commands, flags, nil
+	for name := range commands {
+		if !shippedNames[name] {
+			developer[name] = true
+		}
+	}
+	return commands, developer, flags, nil
+}
+
+// subcommandNames returns the names and aliases of the entries of n when n
+// is a table of subcommands, []subcommand{{name: "serve", ...}, ...}.
+func subcommandNames(n ast.Node) []string {
+	table, ok := n.(*ast.CompositeLit)
+	if !ok {
+		return nil
+	}
+	typ, ok := table.Type.(*ast.ArrayType)
+	if !ok {
+		return nil
+	}
+	if elt, ok := typ.Elt.(*ast.Ident); !ok || elt.Name != "subcommand" {
+		return nil
+	}
+	var names []string
+	for _, e := range table.Elts {
+		entry, ok := e.(*ast.CompositeLit)
+		if !ok {
+			continue
+		}
+		for _, f := range entry.Elts {
+			kv, ok := f.(*ast.KeyValueExpr)
+			if !ok {
+				continue
+			}
+			switch key, _ := kv.Key.(*ast.Ident); {
+			case key == nil:
+			case key.Name == "name":
+				if s, ok := stringLit(kv.Value); ok {
+					names = append(names, s)
+				}
+			case key.Name == "aliases":
+				if list, ok := kv.Value.(*ast.CompositeLit); ok {
+					for _, a := range list.Elts {
+						if s, ok := stringLit(a); ok {
+							names = append(names, s)
+						}
+					}
+				}
+			}
+		}
+	}
+	return names
 }
 
 // envTags returns every `env:"NAME..."` struct tag in dir's Go files.

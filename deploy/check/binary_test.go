@@ -40,8 +40,9 @@ func anyFile(t *testing.T) string {
 }
 
 // requireCommand fails unless args run a real billing subcommand with
-// flags it defines.
-func requireCommand(t *testing.T, where string, args []string) string {
+// flags it defines, and one of the build that ships unless developerBuild
+// (the image of the Dockerfile's target dev runs).
+func requireCommand(t *testing.T, where string, args []string, developerBuild bool) string {
 	t.Helper()
 	b := bin(t)
 	if len(args) == 0 {
@@ -55,6 +56,9 @@ func requireCommand(t *testing.T, where string, args []string) string {
 	}
 	if !slices.Contains(contractCommands, cmd) {
 		t.Errorf("%s runs `billing %s`, which is not in the contract's list of subcommands", where, cmd)
+	}
+	if b.Developer[cmd] && !developerBuild {
+		t.Errorf("%s runs `billing %s`, a developer command, on the image that ships, which does not have it: run the developer build's image (the Dockerfile's target dev)", where, cmd)
 	}
 	flags := b.Flags[cmd]
 	for _, a := range args[1:] {
@@ -106,10 +110,13 @@ func requireMetrics(t *testing.T, where, expr string, extra func(string) bool) [
 
 func TestBinary_FactsAreFound(t *testing.T) {
 	b := bin(t)
-	for _, c := range []string{"serve", "migrate"} {
+	for _, c := range []string{"serve", "migrate", "fakepsp"} {
 		if !b.Commands[c] {
-			t.Errorf("command %s not found in cmd/billing's run", c)
+			t.Errorf("command %s not found in cmd/billing's tables of subcommands", c)
 		}
+	}
+	if b.Developer["serve"] || !b.Developer["fakepsp"] || !b.Developer["demo"] {
+		t.Errorf("the developer build's commands are %v: want fakepsp and demo, not serve", sortedKeys(b.Developer))
 	}
 	for _, v := range []string{"KAFKA_BROKERS", "DATABASE_URL", "PAYMENT_BASE_URL", "HTTP_ADDR", "DRAIN_TIMEOUT", "DEDUP_RETENTION"} {
 		if !b.ServeVars[v] {

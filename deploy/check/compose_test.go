@@ -22,8 +22,13 @@ import (
 	"example.com/billing/internal/config"
 )
 
-// billingImage is the image docker-compose.yml builds from this repository.
-const billingImage = "billing:local"
+// The images docker-compose.yml builds from this repository: the one that
+// ships, and the developer build's (the Dockerfile's target dev).
+const (
+	billingImage    = "billing:local"
+	billingDevImage = "billing:local-dev"
+	devTarget       = "dev"
+)
 
 // loadCompose loads docker-compose.yml with compose-go, every profile
 // enabled, validating it against the compose specification's schema, with
@@ -61,22 +66,31 @@ func environment(s types.ServiceConfig) map[string]string {
 	return env
 }
 
-// billingServices maps each service that runs billing's image to the
-// subcommand it runs.
+// billingServices maps each service that runs one of billing's images to
+// the subcommand it runs.
 func billingServices(t *testing.T, p *types.Project) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for name, s := range p.Services {
-		if s.Image != billingImage {
+		if s.Image != billingImage && s.Image != billingDevImage {
 			continue
 		}
+		target := ""
 		if s.Build == nil {
-			t.Errorf("service %s uses %s without building it", name, billingImage)
+			t.Errorf("service %s uses %s without building it", name, s.Image)
+		} else {
+			target = s.Build.Target
+		}
+		switch {
+		case s.Image == billingImage && target != "":
+			t.Errorf("service %s builds %s, the image that ships, from the Dockerfile's target %s: want its last stage (no target)", name, s.Image, target)
+		case s.Image == billingDevImage && target != devTarget:
+			t.Errorf("service %s builds %s, the developer build's image, from target %q: want %q", name, s.Image, target, devTarget)
 		}
 		if len(s.Entrypoint) > 0 {
 			t.Errorf("service %s overrides the image's entrypoint /billing", name)
 		}
-		out[name] = requireCommand(t, "docker-compose.yml service "+name, s.Command)
+		out[name] = requireCommand(t, "docker-compose.yml service "+name, s.Command, s.Image == billingDevImage)
 	}
 	return out
 }

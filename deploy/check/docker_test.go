@@ -147,55 +147,121 @@ func parseGoBuild(t *testing.T, line string) goBuild {
 	return g
 }
 
+// stage is one stage of the Dockerfile: the image it starts from, its name
+// (after AS) and its instructions after the FROM.
+type stage struct {
+	from, name string
+	ins        []instruction
+}
+
+// dockerStages splits the Dockerfile into its stages; the last is the
+// image that ships.
+func dockerStages(t *testing.T) []stage {
+	t.Helper()
+	var stages []stage
+	for _, in := range dockerfile(t) {
+		if in.cmd == "FROM" {
+			words := strings.Fields(in.args)
+			name := ""
+			if len(words) >= 3 && strings.EqualFold(words[len(words)-2], "AS") {
+				name = words[len(words)-1]
+			}
+			stages = append(stages, stage{from: words[len(words)-1], name: name})
+			if name != "" {
+				stages[len(stages)-1].from = words[len(words)-3]
+			}
+			continue
+		}
+		if len(stages) > 0 {
+			stages[len(stages)-1].ins = append(stages[len(stages)-1].ins, in)
+		}
+	}
+	if len(stages) == 0 {
+		t.Fatal("the Dockerfile has no FROM")
+	}
+	return stages
+}
+
+// binaryBuild returns the RUN line that builds the /billing an image stage
+// copies: the go build of the stage its COPY --from names.
+func binaryBuild(t *testing.T, stages []stage, image stage) string {
+	t.Helper()
+	from := ""
+	for _, in := range image.ins {
+		if in.cmd == "COPY" && strings.HasSuffix(in.args, " /billing") && strings.HasPrefix(in.args, "--from=") {
+			from, _, _ = strings.Cut(strings.TrimPrefix(in.args, "--from="), " ")
+		}
+	}
+	for _, st := range stages {
+		if st.name == from && from != "" {
+			for _, in := range st.ins {
+				if in.cmd == "RUN" && strings.Contains(in.args, "go build") {
+					return in.args
+				}
+			}
+		}
+	}
+	t.Fatalf("the Dockerfile's stage %q copies /billing from %q, which runs no go build", image.name, from)
+	return ""
+}
+
+// TestDockerfile_BuildsLikeTheMakefile: the image that ships (the last
+// stage) carries make build's binary, the target dev make dev's.
 func TestDockerfile_BuildsLikeTheMakefile(t *testing.T) {
 	vars, recipes := makefileVars(t)
-	var makeLine string
-	for _, l := range recipes["build"] {
-		if strings.Contains(l, " build ") {
-			makeLine = expandMake(l, vars, "VERSION")
+	stages := dockerStages(t)
+	images := map[string]stage{"build": stages[len(stages)-1]}
+	for _, st := range stages {
+		if st.name == devTarget {
+			images["dev"] = st
 		}
 	}
-	if makeLine == "" {
-		t.Fatalf("the Makefile's build target runs no go build: %v", recipes["build"])
+	if _, ok := images["dev"]; !ok {
+		t.Errorf("the Dockerfile has no stage %s, the developer build's image (docker-compose.yml's fake provider)", devTarget)
 	}
-	want := parseGoBuild(t, makeLine)
-
-	var runLine string
-	for _, in := range dockerfile(t) {
-		if in.cmd == "RUN" && strings.Contains(in.args, "go build") {
-			runLine = in.args
+	for target, image := range images {
+		var makeLine string
+		for _, l := range recipes[target] {
+			if strings.Contains(l, " build ") {
+				makeLine = expandMake(l, vars, "VERSION")
+			}
 		}
-	}
-	if runLine == "" {
-		t.Fatal("the Dockerfile runs no go build")
-	}
-	if !strings.Contains(runLine, "--mount=type=cache,target=/go/pkg/mod") || !strings.Contains(runLine, "--mount=type=cache,target=/root/.cache/go-build") {
-		t.Errorf("the Dockerfile's go build does not use cache mounts for modules and the build cache")
-	}
-	var words []string
-	for _, w := range strings.Fields(runLine) {
-		if !strings.HasPrefix(w, "--mount=") {
-			words = append(words, w)
+		if makeLine == "" {
+			t.Fatalf("the Makefile's %s target runs no go build: %v", target, recipes[target])
 		}
-	}
-	// The image's ${VERSION} is the Makefile's $(VERSION).
-	got := parseGoBuild(t, shellRef.ReplaceAllString(strings.Join(words, " "), "{$1}"))
-	delete(got.env, "GOOS") // cross-compilation for the image's platform
-	delete(got.env, "GOARCH")
-	if !mapsEqual(got.env, want.env) {
-		t.Errorf("Dockerfile builds with environment %v, the Makefile with %v", got.env, want.env)
-	}
-	if !mapsEqual(got.flags, want.flags) {
-		t.Errorf("Dockerfile builds with flags %v, the Makefile with %v", got.flags, want.flags)
-	}
-	if got.pkg != want.pkg {
-		t.Errorf("Dockerfile builds %s, the Makefile %s", got.pkg, want.pkg)
-	}
-	if want.env["CGO_ENABLED"] != "0" || !strings.Contains(want.flags["-ldflags"], "-X main.version={VERSION}") {
-		t.Errorf("the Makefile's build is not static or not version-stamped: %v %v", want.env, want.flags)
-	}
-	if _, ok := want.flags["-trimpath"]; !ok {
-		t.Errorf("the Makefile's build lacks -trimpath")
+		want := parseGoBuild(t, makeLine)
+		runLine := binaryBuild(t, stages, image)
+		if !strings.Contains(runLine, "--mount=type=cache,target=/go/pkg/mod") || !strings.Contains(runLine, "--mount=type=cache,target=/root/.cache/go-build") {
+			t.Errorf("the Dockerfile's go build for make %s does not use cache mounts for modules and the build cache", target)
+		}
+		var words []string
+		for _, w := range strings.Fields(runLine) {
+			if !strings.HasPrefix(w, "--mount=") {
+				words = append(words, w)
+			}
+		}
+		// The image's ${VERSION} is the Makefile's $(VERSION).
+		got := parseGoBuild(t, shellRef.ReplaceAllString(strings.Join(words, " "), "{$1}"))
+		delete(got.env, "GOOS") // cross-compilation for the image's platform
+		delete(got.env, "GOARCH")
+		if !mapsEqual(got.env, want.env) {
+			t.Errorf("Dockerfile builds make %s's binary with environment %v, the Makefile with %v", target, got.env, want.env)
+		}
+		if !mapsEqual(got.flags, want.flags) {
+			t.Errorf("Dockerfile builds make %s's binary with flags %v, the Makefile with %v", target, got.flags, want.flags)
+		}
+		if got.pkg != want.pkg {
+			t.Errorf("Dockerfile builds %s for make %s, the Makefile %s", got.pkg, target, want.pkg)
+		}
+		if want.env["CGO_ENABLED"] != "0" || !strings.Contains(want.flags["-ldflags"], "-X main.version={VERSION}") {
+			t.Errorf("make %s is not static or not version-stamped: %v %v", target, want.env, want.flags)
+		}
+		if _, ok := want.flags["-trimpath"]; !ok {
+			t.Errorf("make %s lacks -trimpath", target)
+		}
+		if tags, dev := want.flags["-tags"], target == "dev"; dev != (tags == "dev") {
+			t.Errorf("make %s builds with tags %q: the developer build alone has the tag dev", target, tags)
+		}
 	}
 }
 
@@ -209,6 +275,38 @@ func mapsEqual(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestDockerfile_DevImageRunsNonRootWithoutAShell: the developer build's
+// image, which docker-compose.yml's fake provider and producer run, is
+// built as the one that ships.
+func TestDockerfile_DevImageRunsNonRootWithoutAShell(t *testing.T) {
+	for _, st := range dockerStages(t) {
+		if st.name != devTarget {
+			continue
+		}
+		if !strings.HasPrefix(st.from, "gcr.io/distroless/static") || !strings.HasSuffix(st.from, ":nonroot") {
+			t.Errorf("the stage %s starts from %s, want distroless static nonroot", st.name, st.from)
+		}
+		var user, entrypoint string
+		for _, in := range st.ins {
+			switch in.cmd {
+			case "USER":
+				user = in.args
+			case "ENTRYPOINT":
+				entrypoint = in.args
+			}
+		}
+		if uid, _, _ := strings.Cut(user, ":"); uid == "" || uid == "0" || uid == "root" {
+			t.Errorf("the stage %s runs as %q, want a non-root user", st.name, user)
+		}
+		var ep []string
+		if json.Unmarshal([]byte(entrypoint), &ep) != nil || !slices.Equal(ep, []string{"/billing"}) {
+			t.Errorf(`the stage %s's ENTRYPOINT is %s, want ["/billing"]`, st.name, entrypoint)
+		}
+		return
+	}
+	t.Errorf("the Dockerfile has no stage %s", devTarget)
 }
 
 func TestDockerfile_RunsNonRootWithoutAShell(t *testing.T) {
@@ -367,24 +465,63 @@ func (d dockerignore) excluded(rel string) bool {
 	return out
 }
 
+// listBilling runs go list -deps with format on cmd/billing as the build
+// with tags (none: the one that ships) compiles it for the image.
+func listBilling(t *testing.T, absRoot, format string, tags ...string) string {
+	t.Helper()
+	goBin := "go"
+	if p, err := exec.LookPath("go"); err == nil {
+		goBin = p
+	}
+	list := exec.Command(goBin, append(append([]string{"list", "-e", "-deps", "-f", format}, tags...), "./cmd/billing")...)
+	list.Dir = absRoot
+	list.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOFLAGS=")
+	out, err := list.Output()
+	if err != nil {
+		t.Fatalf("go list %v: %v", tags, err)
+	}
+	return string(out)
+}
+
+// TestImage_LinksNoFakes: the build that ships (make build, the image)
+// imports no developer package (internal/dev: the fake provider, the
+// embedded broker, the load generator, the PostgreSQL downloader) and no
+// test environment, and links no franz-go (kfake); the developer build
+// does, so that this test would see them.
+func TestImage_LinksNoFakes(t *testing.T) {
+	absRoot, err := filepath.Abs(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := func(line string) bool {
+		pkg, module, _ := strings.Cut(line, " ")
+		return strings.HasPrefix(pkg, "example.com/billing/internal/dev/") ||
+			strings.HasPrefix(pkg, "example.com/billing/internal/testenv/") ||
+			strings.HasPrefix(module, "github.com/twmb/franz-go")
+	}
+	const format = `{{.ImportPath}} {{with .Module}}{{.Path}}{{end}}`
+	for _, line := range strings.Split(strings.TrimSpace(listBilling(t, absRoot, format)), "\n") {
+		if fake(line) {
+			t.Errorf("the build that ships links %s: a developer's package belongs to the developer build (-tags dev) only", line)
+		}
+	}
+	dev := strings.Split(strings.TrimSpace(listBilling(t, absRoot, format, "-tags", "dev")), "\n")
+	if !slices.ContainsFunc(dev, fake) {
+		t.Errorf("the developer build links no fake either: is this test still looking at the right packages?")
+	}
+}
+
 func TestDockerignore_KeepsWhatTheBuildNeeds(t *testing.T) {
 	d := loadDockerignore(t)
 	absRoot, err := filepath.Abs(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	goBin := "go"
-	if p, err := exec.LookPath("go"); err == nil {
-		goBin = p
-	}
-	list := exec.Command(goBin, "list", "-e", "-deps", "-f", `{{if not .Standard}}{{.Dir}}{{range .GoFiles}} {{.}}{{end}}{{range .EmbedFiles}} {{.}}{{end}}{{end}}`, "./cmd/billing")
-	list.Dir = absRoot
-	out, err := list.Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
-	}
+	// The image that ships and the developer build's (the target dev).
+	const format = `{{if not .Standard}}{{.Dir}}{{range .GoFiles}} {{.}}{{end}}{{range .EmbedFiles}} {{.}}{{end}}{{end}}`
+	out := listBilling(t, absRoot, format) + "\n" + listBilling(t, absRoot, format, "-tags", "dev")
 	needed := []string{"go.mod", "go.sum"}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		fields := strings.Fields(line)
 		if len(fields) == 0 {
 			continue

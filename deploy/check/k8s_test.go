@@ -456,7 +456,7 @@ func checkPod(t *testing.T, where string, r *rendered, spec corev1.PodSpec, secr
 	if len(c.Command) > 0 {
 		t.Errorf("%s overrides the image's entrypoint /billing with %v", where, c.Command)
 	}
-	cmd := requireCommand(t, where, c.Args)
+	cmd := requireCommand(t, where, c.Args, false)
 
 	pe := resolveEnv(t, where, r, c, secrets)
 	requireVars(t, where, cmd, sortedKeys(pe.env))

@@ -2,15 +2,7 @@
 
 package charge
 
-// insertAttempts, in the chaos suite's next release (the tag upgradetest,
-// never shipped), also says which release recorded the attempt, in the
-// column its expand migration adds (db/migrations/next).
-const insertAttempts = `
-INSERT INTO charge (event_id, order_id, customer_id, amount_minor, currency, status, customer_ref, payment_method_ref,
-                    last_error, settled_at, deferred, updated_at, recorded_by)
-SELECT e, o, c, a, cur, st, NULLIF(cref, ''), NULLIF(pref, ''), NULLIF(err, ''),
-       CASE WHEN st = $10 THEN NULL ELSE now() END, d,
-       -- a deferred attempt has no message to send it: recovery takes it at once
-       CASE WHEN d THEN '-infinity'::timestamptz ELSE now() END, 'the next release'
-FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $11::bool[])
-    AS t(e, o, c, a, cur, st, cref, pref, err, d)`
+// The chaos suite's next release (the tag upgradetest, never shipped) also
+// says which release recorded each attempt, in the column its expand
+// migration adds (db/migrations/next).
+const nextColumns, nextValues = ", recorded_by", ", 'the next release'"

@@ -38,7 +38,6 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
-	"example.com/billing/db/migrations"
 	"example.com/billing/internal/postgres"
 )
 
@@ -85,7 +84,7 @@ func upSection(body []byte) []byte {
 // Migrations returns the migrations embedded in the binary, in version
 // order.
 func Migrations() ([]Migration, error) {
-	return migrationsOf(migrations.FS)
+	return migrationsOf(embedded())
 }
 
 func migrationsOf(fsys fs.FS) ([]Migration, error) {
@@ -214,7 +213,7 @@ type Report struct {
 // migration but one that changes its session's settings
 // (Migration.Session): it stops there with an error naming the pool mode.
 func Migrate(ctx context.Context, db *sql.DB, log *slog.Logger) (Report, error) {
-	return migrate(ctx, db, migrations.FS, log)
+	return migrate(ctx, db, embedded(), log)
 }
 
 // migrate is Migrate with the migrations of fsys.
