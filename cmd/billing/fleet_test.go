@@ -60,6 +60,12 @@ func (s *service) generation(t *testing.T) float64 {
 	return s.metric(t, "billing_consumer_group_generation")
 }
 
+// owned is how many partitions a serve's session holds.
+func (s *service) owned(t *testing.T) float64 {
+	t.Helper()
+	return s.metric(t, `billing_partitions_rebalanced_total{change="assigned"}`) - s.metric(t, `billing_partitions_rebalanced_total{change="revoked"}`)
+}
+
 // billingCmd runs a billing command in-process and returns its standard
 // output.
 func billingCmd(env map[string]string, args ...string) (string, error) {
@@ -120,12 +126,16 @@ func TestServe_PauseAndResume(t *testing.T) {
 	a, b := h.serve(env()), h.serve(env())
 	commands := map[string]string{"DATABASE_URL": h.dsn, "KAFKA_GROUP_ID": h.broker.Group}
 
+	// The pause is the subject, not the start: the stream begins once the
+	// group settled (a loaded machine can take seconds for the rebalance
+	// that B's join starts), and the pause once charges flow.
+	wait.For(t, 30*time.Second, "the group settled: both replicas in one generation, each owning partitions", func() bool {
+		return a.generation(t) > 0 && a.generation(t) == b.generation(t) && a.owned(t) > 0 && b.owned(t) > 0 && a.owned(t)+b.owned(t) == partitions
+	})
 	published := make(chan error, 1)
 	go func() { published <- publishStream(h.client, h.broker.Topic, partitions, 1, events, 50) }()
-	time.Sleep(3 * time.Second)
-	if arrived.count() == 0 {
-		t.Fatal("no charge reached the provider in the stream's first 3 s")
-	}
+	wait.For(t, 15*time.Second, "the stream's first charge at the provider", func() bool { return arrived.count() > 0 })
+	time.Sleep(time.Second)
 
 	paused := time.Now()
 	out, err := billingCmd(commands, "pause", "--reason", "test: the provider double-charges", "--by", "tester")
