@@ -7,7 +7,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/billing
 DEV_BIN   := bin/dev/billing
 
-.PHONY: help ci build dev demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup lint-migrations squawk stripe-mock
+.PHONY: help ci build dev demo test test-kfake kafka bench lint vet staticcheck fmt-check vuln clean bench-dedup lint-migrations squawk stripe-mock walk
 
 ## help: the targets and what they do (from the Makefile's ## comments)
 help:
@@ -185,6 +185,18 @@ bench: build dev
 ## 15–25 min; ARGS="-rows 200000" for a quick check in ~40 s)
 bench-dedup:
 	$(GO) run ./bench/dedup $(ARGS)
+
+## walk: count docs/architecture.md's walk: the production files and
+## packages one valid event runs statements of that an idle serve, as long,
+## does not (two coverage runs of TestServe_Walk on the kfake broker, ~30 s)
+WALK_DIR ?= $(or $(TMPDIR),/tmp)/billing-walk
+walk:
+	mkdir -p $(WALK_DIR)
+	for mode in idle event; do \
+		KAFKA_TEST_BROKER=kfake BILLING_WALK=$$mode $(WITHPG) $(GO) test -tags dev -count=1 -run '^TestServe_Walk$$' \
+			-covermode=set -coverpkg=./cmd/billing,./internal/... -coverprofile=$(WALK_DIR)/$$mode.out ./cmd/billing || exit 1; \
+	done
+	$(GO) run ./internal/dev/walk $(WALK_DIR)/idle.out $(WALK_DIR)/event.out
 
 clean:
 	rm -rf bin

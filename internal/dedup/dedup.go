@@ -81,8 +81,8 @@ func NewStore(group string) *Store {
 // Seen or Mismatch.
 //
 // The insert uses ON CONFLICT DO NOTHING on the primary key and RETURNING to
-// learn which rows it really inserted (rows inserted, not rows sent: the
-// seed's TypeORM check looked at what it sent and never saw a duplicate).
+// learn which rows it really inserted: the rows sent say nothing, since a
+// duplicate is sent like a first and only the conflict tells them apart.
 // Under READ COMMITTED a concurrent transaction inserting the same id makes
 // this statement wait for it and then see the conflict.
 func (s *Store) Claim(ctx context.Context, tx *sqlx.Tx, entries []Entry) ([]Verdict, error) {

@@ -92,9 +92,10 @@ func ConsumerConfig(k config.Kafka) (*sarama.Config, error) {
 	cfg.Consumer.Return.Errors = true
 	// Fetch in small bites, not sarama's 1 MiB per partition: what a fetch
 	// brought stays in memory, decoded, until billing has taken it, paused
-	// or not, and large fetches were most of the live heap (BENCHMARKS.md,
-	// "Where the RSS went on the lane core"). 16 KiB is still a few hundred events of a few
-	// hundred bytes; a larger batch is still fetched whole (Fetch.Max is 0).
+	// or not, and large fetches are most of the live heap when the provider
+	// is slow (BENCHMARKS.md measures it). 16 KiB is still a few hundred
+	// events of a few hundred bytes; a larger batch is still fetched whole
+	// (Fetch.Max is 0).
 	cfg.Consumer.Fetch.Default = 16 << 10
 	cfg.Consumer.Fetch.MaxBytes = 2 << 20
 	// Cooperative-sticky: a rebalance moves only the partitions that must
