@@ -137,8 +137,11 @@ type earlyDrops struct {
 }
 
 // earlySlack is how far ahead of now the days that expire are looked for:
-// a day that expires while maintain runs is in the record too.
-const earlySlack = time.Hour
+// a day that expires while maintain runs (between this record and its
+// drop) is in the record too. It covers a run, not more: a day recorded
+// that this run does not drop yet is recorded again by the run that does,
+// and an hour's slack had every run of that hour record it again.
+const earlySlack = time.Minute
 
 // recordEarlyDrops records, before anything is dropped, what this run
 // drops that the default retentions keep: the daily partitions of
