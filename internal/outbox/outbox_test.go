@@ -162,9 +162,15 @@ type recording struct {
 	sarama.SyncProducer
 	relay int
 	log   *sends
+	// gate, when set, is asked before each send: it returns once the send
+	// may go.
+	gate func()
 }
 
 func (p recording) SendMessages(msgs []*sarama.ProducerMessage) error {
+	if p.gate != nil {
+		p.gate()
+	}
 	began := time.Now()
 	err := p.SyncProducer.SendMessages(msgs)
 	p.log.mu.Lock()
@@ -224,6 +230,12 @@ func (w *world) insert(o outbox.Event) {
 // relay starts a relay and returns the function that stops it.
 func (w *world) relay() (stop func()) {
 	w.t.Helper()
+	return w.relayGated(nil)
+}
+
+// relayGated starts a relay whose sends each wait for gate (nil: none).
+func (w *world) relayGated(gate func()) (stop func()) {
+	w.t.Helper()
 	env := map[string]string{"KAFKA_BROKERS": w.broker.Addr()}
 	var k config.Kafka
 	if err := config.Load(env, &k); err != nil {
@@ -238,7 +250,7 @@ func (w *world) relay() (stop func()) {
 		w.t.Fatal(err)
 	}
 	w.relaysStarted++
-	r := outbox.NewRelay(w.db, recording{producer, w.relaysStarted, w.sends}, w.broker.OutcomeTopic, w.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r := outbox.NewRelay(w.db, recording{producer, w.relaysStarted, w.sends, gate}, w.broker.OutcomeTopic, w.m, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	r.MaxBytes = 4096
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -509,6 +521,38 @@ func TestRelay_RepublishesWithTheSameEventID(t *testing.T) {
 	got := w.published(2)
 	if fmt.Sprint(got["7"]) != fmt.Sprint([]string{rec.EventID.String(), rec.EventID.String()}) {
 		t.Errorf("published %v, want the same eventId twice", got["7"])
+	}
+}
+
+// A relay stopped (SIGTERM) while the broker takes its batch records
+// what it published before it stops: the next relay does not publish it
+// again.
+func TestRelay_StoppedMidSendRecordsWhatItSent(t *testing.T) {
+	w := newWorld(t)
+	for o := range int64(5) {
+		w.record(200+o, outbox.Succeeded)
+	}
+	sending, stopped := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	stop := w.relayGated(func() {
+		once.Do(func() {
+			close(sending)
+			<-stopped // the stop begins while the batch is on its way
+		})
+	})
+	<-sending
+	done := make(chan struct{})
+	go func() { stop(); close(done) }()
+	time.Sleep(200 * time.Millisecond) // the relay's context is cancelled
+	close(stopped)
+	<-done
+	if n := w.unpublished(); n != 0 {
+		t.Fatalf("%d rows the stopped relay sent are not marked published: the next relay publishes them again", n)
+	}
+	w.relay()
+	time.Sleep(time.Second) // a round of the second relay
+	if got := w.published(5); len(got) != 5 {
+		t.Errorf("published the outcomes of %d orders, want 5", len(got))
 	}
 }
 

@@ -69,6 +69,10 @@ type Relay struct {
 // database stops within it.
 const relayLease = 10 * time.Second
 
+// markTimeout bounds the statements that record what a send did, which
+// outlive the relay's stop (publish says why).
+const markTimeout = 5 * time.Second
+
 // sendMargin is the least time left of its tenure with which the relay
 // sends a batch: a send takes milliseconds. Normally more than two thirds
 // are left (the lease is renewed every third); less than this, the
@@ -336,6 +340,12 @@ moved AS (
   FROM gone g JOIN unnest($1::uuid[], $2::text[]) AS u(id, err) ON u.id = g.event_id
   ON CONFLICT (event_id) DO NOTHING)
 SELECT held FROM fence`
+	// What the broker answered is recorded even when the relay is being
+	// stopped meanwhile (a SIGTERM, a lease lost): otherwise the next relay
+	// publishes again what this one published. Each statement's fence still
+	// refuses a relay whose lease passed on, and markTimeout bounds a stop.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
 	if len(published) > 0 {
 		if err := fenced(ctx, r.db, t, "mark outbox rows published", markPublished, published); err != nil {
 			return 0, err
