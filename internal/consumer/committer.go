@@ -1,4 +1,4 @@
-package kafka
+package consumer
 
 // This file is how far one partition is finished, and how that reaches
 // Kafka's committed offset: the commit rule (tracker), then one of two
