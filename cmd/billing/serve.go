@@ -21,6 +21,7 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/consumer"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/kafka"
@@ -198,7 +199,7 @@ func runService(ctx context.Context, cfg config.Serve, environ map[string]string
 	}
 	defer stopRelay()
 
-	c, err := kafka.NewConsumer(k.client, processor, parking, kafka.Options{
+	c, err := consumer.NewConsumer(k.client, processor, parking, consumer.Options{
 		Topic:            cfg.Kafka.Topic,
 		Group:            cfg.Kafka.GroupID,
 		MaxInFlight:      cfg.Consumer.MaxInFlight,
@@ -277,7 +278,7 @@ func checkPoolMode(ctx context.Context, db *sqlx.DB, dsn string, log *slog.Logge
 // liveParts are the parts of the service that readiness asks about, set
 // as they come up.
 type liveParts struct {
-	consumer atomic.Pointer[kafka.Consumer]
+	consumer atomic.Pointer[consumer.Consumer]
 	proc     atomic.Pointer[billing.Processor]
 	acls     permissions
 }
@@ -444,7 +445,7 @@ func startRelay(ctx context.Context, background *sync.WaitGroup, k config.Kafka,
 
 // consume runs the consumer group until ctx is done and the consumer has
 // drained, saying meanwhile when it waits for a group session.
-func consume(ctx context.Context, c *kafka.Consumer, k config.Kafka, log *slog.Logger) {
+func consume(ctx context.Context, c *consumer.Consumer, k config.Kafka, log *slog.Logger) {
 	var watch sync.WaitGroup
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watch.Go(func() { watchSession(watchCtx, c.Ready, log, k.Brokers, k.GroupID) })
@@ -558,9 +559,9 @@ func retentionText(l kafka.TopicLimits) string {
 // commitOf is how serve's consumer commits: each partition's position saved
 // in db before Kafka's commit, or, in the seed design's benchmark build, a
 // synchronous commit per message.
-func commitOf(db *sqlx.DB, group string) kafka.Commit {
+func commitOf(db *sqlx.DB, group string) consumer.Commit {
 	if seedDesign {
-		return kafka.CommitEach()
+		return consumer.CommitEach()
 	}
-	return kafka.SavePositions(dedup.NewPositions(db, group))
+	return consumer.SavePositions(dedup.NewPositions(db, group))
 }

@@ -1,7 +1,7 @@
 // Package dlq owns the dead-letter topic: parking a message that cannot be
 // processed as it is (Writer and its headers; the reasons are in package
 // reason), and replaying parked messages once what made them fail is fixed
-// (Replay, `billing dlq replay`). Package kafka's consumer parks through a
+// (Replay, `billing dlq replay`). Package consumer parks through a
 // Writer, which counts what it parked.
 package dlq
 

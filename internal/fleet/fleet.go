@@ -96,7 +96,7 @@ type Budgeted interface {
 }
 
 // Follower applies the group's charging state (payment.Client,
-// kafka.Consumer).
+// consumer.Consumer).
 type Follower interface {
 	SetPaused(paused bool)
 }

@@ -1,3 +1,11 @@
+// Package kafka is billing's adapter to Apache Kafka through sarama: the
+// sarama configuration of billing's consumer and producers (TLS, SASL),
+// what billing reads of topics and offsets (ends, committed offsets, how
+// far transaction markers go), and the trace context carried in record
+// headers. It runs nothing itself: the consumer group member that feeds
+// events to billing (package consumer) and the dead-letter writer (package
+// dlq) are built on it, and serve configures the outcome relay's producer
+// (package outbox) with it.
 package kafka
 
 import (

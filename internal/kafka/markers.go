@@ -14,101 +14,24 @@ package kafka
 // sarama's partition consumer steps over those offsets internally but
 // does not say how far it went. So an idle partition whose finished prefix
 // stops below its high-water mark is looked at: one read_committed fetch
-// from the end of the prefix shows whether everything up to some offset is
-// markers and aborted records, and the partition is then marked up to
-// there. Never past a record that is handed to consumers: those are
-// billing's to finish, under the commit rule.
+// from the end of the prefix (FirstReadable) shows whether everything up to
+// some offset is markers and aborted records, and the consumer (package
+// consumer, markers.go) then marks the partition up to there. Never past
+// a record that is handed to consumers: those are billing's to finish,
+// under the commit rule.
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/IBM/sarama"
 )
-
-// markerInterval is how often idle partitions are looked at.
-const markerInterval = time.Second
 
 // markerFetchBytes bounds the fetch that looks past a partition's finished
 // prefix: markers are a few dozen bytes each, and a larger batch means
 // records to hand out, which the claim delivers anyway.
 const markerFetchBytes = 64 << 10
-
-// look is one look at a partition: from where, and up to which high-water
-// mark. The same look again finds the same.
-type look struct{ from, high int64 }
-
-// stepOverMarkers marks every idle partition past the markers and aborted
-// records that follow its finished prefix, every markerInterval until ctx
-// ends.
-func (c *Consumer) stepOverMarkers(ctx context.Context) {
-	t := time.NewTicker(markerInterval)
-	defer t.Stop()
-	looked := map[*partition]look{}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		c.mu.Lock()
-		ps := make([]*partition, 0, len(c.owned))
-		for _, p := range c.owned {
-			ps = append(ps, p)
-		}
-		c.mu.Unlock()
-		seen := make(map[*partition]look, len(ps))
-		for _, p := range ps {
-			from, ok := c.idleAt(p)
-			if !ok {
-				continue
-			}
-			l := look{from: from, high: p.claim.HighWaterMarkOffset()}
-			if from >= l.high {
-				continue // at the end
-			}
-			seen[p] = l
-			if looked[p] == l {
-				continue // a fetch found nothing to step over, and nothing changed since
-			}
-			to, err := FirstReadable(c.client, p.topic, p.id, from)
-			if err != nil {
-				c.log.Debug("look past a partition's finished messages", "partition", p.id, "offset", from, "err", err)
-				delete(seen, p)
-				continue
-			}
-			if to > from {
-				p.inbox.post(answer{step: to})
-			}
-		}
-		looked = seen
-	}
-}
-
-// idleAt returns where p's finished prefix ends when every message read
-// off its claim is finished, and false while some is not.
-func (c *Consumer) idleAt(p *partition) (int64, bool) {
-	from, idle := p.commit.idle()
-	if !idle {
-		return 0, false
-	}
-	if from >= 0 {
-		return from, true
-	}
-	// Nothing finished yet in this claim: it starts where the group's
-	// committed offset is, or at the oldest record for a new group.
-	if p.initial >= 0 {
-		return p.initial, true
-	}
-	oldest, err := c.client.GetOffset(p.topic, p.id, sarama.OffsetOldest)
-	if err != nil {
-		return 0, false
-	}
-	return oldest, true
-}
 
 // FirstReadable returns the first offset at or after from that is not a
 // transaction marker or a record of an aborted transaction, as far as one

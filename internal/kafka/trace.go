@@ -8,11 +8,13 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 )
 
-// consumerHeaders reads trace context from a consumed record's headers.
-type consumerHeaders []*sarama.RecordHeader
+// ConsumerHeaders reads trace context from a consumed record's headers:
+// the consumer (package consumer) extracts the producer's span context
+// through it, to parent a message's processing span.
+type ConsumerHeaders []*sarama.RecordHeader
 
 // Get implements propagation.TextMapCarrier.
-func (h consumerHeaders) Get(key string) string {
+func (h ConsumerHeaders) Get(key string) string {
 	for _, r := range h {
 		if r != nil && string(r.Key) == key {
 			return string(r.Value)
@@ -21,9 +23,12 @@ func (h consumerHeaders) Get(key string) string {
 	return ""
 }
 
-func (consumerHeaders) Set(string, string) {}
+// Set implements propagation.TextMapCarrier: a consumed record is not
+// written to.
+func (ConsumerHeaders) Set(string, string) {}
 
-func (h consumerHeaders) Keys() []string {
+// Keys implements propagation.TextMapCarrier.
+func (h ConsumerHeaders) Keys() []string {
 	keys := make([]string, 0, len(h))
 	for _, r := range h {
 		if r != nil {
@@ -60,9 +65,10 @@ func (h ProducerHeaders) Keys() []string {
 	return keys
 }
 
-// messageAttributes are the OpenTelemetry messaging attributes of a
-// consumed record.
-func messageAttributes(m *sarama.ConsumerMessage, group string) []attribute.KeyValue {
+// MessageAttributes are the OpenTelemetry messaging attributes of a
+// consumed record, read by group: the attributes of the consumer's
+// processing span (package consumer).
+func MessageAttributes(m *sarama.ConsumerMessage, group string) []attribute.KeyValue {
 	return []attribute.KeyValue{
 		semconv.MessagingSystemKafka,
 		semconv.MessagingOperationTypeProcess,

@@ -126,8 +126,8 @@ type Metrics struct {
 	// Retrying is the number of messages waiting for a retry of their key.
 	Retrying prometheus.Gauge
 	// HeartbeatAge is the time since the group coordinator last confirmed
-	// this process's membership (kafka's membership); past the session
-	// timeout the process starts no new work.
+	// this process's membership (package consumer's membership); past the
+	// session timeout the process starts no new work.
 	HeartbeatAge prometheus.Gauge
 	// Generation is the consumer group's generation this member's session
 	// is in, read every second: it grows at every rebalance, so a pause

@@ -1,4 +1,4 @@
-package kafka_test
+package consumer_test
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"example.com/billing/internal/billing"
+	"example.com/billing/internal/consumer"
 	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dev/fakepsp"
 	"example.com/billing/internal/dlq"
@@ -106,7 +107,7 @@ func TestTracing_OneEventYieldsTheSpanTreeOfItsProducer(t *testing.T) {
 	defer producer.Close()
 	opts := options()
 	opts.Topic, opts.Group = b.Topic, b.Group
-	c, err := kafka.NewConsumer(cclient, proc, dlq.NewWriter(producer, b.DLQTopic, b.Group, 0, m), opts, m, tp, log)
+	c, err := consumer.NewConsumer(cclient, proc, dlq.NewWriter(producer, b.DLQTopic, b.Group, 0, m), opts, m, tp, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package kafka_test
+package consumer_test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/config"
+	"example.com/billing/internal/consumer"
 	"example.com/billing/internal/dev/embeddedkafka"
 	"example.com/billing/internal/dlq"
 	"example.com/billing/internal/dlq/reason"
@@ -64,7 +65,7 @@ func nameOf(ev order.Event) string {
 	return name.(string)
 }
 
-// recorder is a kafka.Processor that records what it saw, and can hold or
+// recorder is a consumer.Processor that records what it saw, and can hold or
 // fail chosen events, by name.
 type recorder struct {
 	mu        sync.Mutex
@@ -148,7 +149,7 @@ func (r *recorder) order() []string {
 }
 
 type member struct {
-	consumer *kafka.Consumer
+	consumer *consumer.Consumer
 	metrics  *metrics.Metrics
 	cancel   context.CancelFunc
 	done     chan error
@@ -163,7 +164,7 @@ func kafkaConfig(b *kafkatest.Broker, instance string) config.Kafka {
 
 // startMember joins the group with proc and opts, parking in b's
 // dead-letter topic.
-func startMember(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, opts kafka.Options, instance string) *member {
+func startMember(t *testing.T, b *kafkatest.Broker, proc consumer.Processor, opts consumer.Options, instance string) *member {
 	t.Helper()
 	return startMemberWith(t, b, proc, nil, opts, instance, nil)
 }
@@ -171,7 +172,7 @@ func startMember(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, opts k
 // startMemberWith is startMember parking through parker (nil: b's
 // dead-letter topic), with the consumer client's configuration changed by
 // edit.
-func startMemberWith(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, parker kafka.Parker, opts kafka.Options, instance string, edit func(*sarama.Config)) *member {
+func startMemberWith(t *testing.T, b *kafkatest.Broker, proc consumer.Processor, parker consumer.Parker, opts consumer.Options, instance string, edit func(*sarama.Config)) *member {
 	t.Helper()
 	k := kafkaConfig(b, instance)
 	cfg, err := kafka.ConsumerConfig(k)
@@ -201,7 +202,7 @@ func startMemberWith(t *testing.T, b *kafkatest.Broker, proc kafka.Processor, pa
 	if parker == nil {
 		parker = dlq.NewWriter(producer, b.DLQTopic, b.Group, 0, m)
 	}
-	c, err := kafka.NewConsumer(client, proc, parker, opts, m,
+	c, err := consumer.NewConsumer(client, proc, parker, opts, m,
 		noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -231,8 +232,8 @@ func (m *member) stop(t *testing.T) {
 	}
 }
 
-func options() kafka.Options {
-	return kafka.Options{MaxInFlight: 64, DrainTimeout: 5 * time.Second}
+func options() consumer.Options {
+	return consumer.Options{MaxInFlight: 64, DrainTimeout: 5 * time.Second}
 }
 
 func TestConsumer_KeysRunConcurrentlyEachInOffsetOrder(t *testing.T) {

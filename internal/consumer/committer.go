@@ -1,4 +1,4 @@
-package kafka
+package consumer
 
 // This file is how far one partition is finished, and how that reaches
 // Kafka's committed offset: the commit rule (tracker), then one of two
@@ -8,12 +8,15 @@ package kafka
 
 import (
 	"context"
+	"log/slog"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"example.com/billing/internal/metrics"
 )
 
 // Positions keeps the consumer group's position in each partition in the
@@ -84,7 +87,9 @@ type committer interface {
 func (c *Consumer) newCommitter(p *partition) committer {
 	switch {
 	case c.opts.Commit.positions != nil:
-		s := &saving{c: c, p: p, saved: -1, poke: make(chan struct{}, 1), lost: make(chan struct{})}
+		s := &saving{sess: p.sess, topic: p.topic, id: p.id, positions: c.opts.Commit.positions, window: c.opts.ReplayWindow,
+			client: c.client, metrics: c.metrics, log: c.log, saveFailed: c.saveFailed,
+			saved: -1, poke: make(chan struct{}, 1), lost: make(chan struct{})}
 		s.done.Store(-1)
 		if p.initial >= 0 {
 			s.saved = p.initial
@@ -162,8 +167,18 @@ func (m *marking) rewound() <-chan struct{} { return nil }
 // partition is consumed again from there (rewind).
 type saving struct {
 	prefix
-	c *Consumer
-	p *partition
+	sess  sarama.ConsumerGroupSession
+	topic string
+	id    int32
+	// What the committer uses of its Consumer and partition, given at
+	// construction: it runs on a goroutine of its own, and reaches them
+	// through nothing else (none of these changes while the claim lasts).
+	positions  Positions     // the consumer's Commit
+	window     time.Duration // the consumer's ReplayWindow
+	client     sarama.Client // for the offsets within the window
+	metrics    *metrics.Metrics
+	log        *slog.Logger
+	saveFailed func(error) // Consumer.saveFailed: one warning for all partitions
 	// saved is the position the database acknowledged last (or, at first,
 	// the offset the claim started at), -1 when unknown; only run and then
 	// close touch it.
@@ -252,22 +267,22 @@ func (s *saving) save(ctx context.Context, commit bool) {
 		return
 	}
 	s.lastSave = time.Now()
-	before, err := s.c.opts.Commit.positions.Save(ctx, s.p.topic, map[int32]int64{s.p.id: at})
+	before, err := s.positions.Save(ctx, s.topic, map[int32]int64{s.id: at})
 	if err != nil {
 		// Nothing is marked meanwhile: a crash redelivers more, which
 		// deduplication skips.
-		s.c.saveFailed(err)
+		s.saveFailed(err)
 		return
 	}
-	if had, found := before[s.p.id]; found && s.saved >= 0 && had < s.saved {
+	if had, found := before[s.id]; found && s.saved >= 0 && had < s.saved {
 		s.rewind(ctx, had)
 		return
 	}
 	moved := at != s.saved
 	s.saved = at
-	s.p.sess.MarkOffset(s.p.topic, s.p.id, at, "")
+	s.sess.MarkOffset(s.topic, s.id, at, "")
 	if commit && moved {
-		s.p.sess.Commit()
+		s.sess.Commit()
 	}
 }
 
@@ -296,29 +311,28 @@ func (c *Consumer) saveFailed(err error) {
 // could charge twice. Those are reported for reconciliation instead, and
 // the database's position is raised past them.
 func (s *saving) rewind(ctx context.Context, to int64) {
-	c, p := s.c, s.p
 	s.rewinding.Store(true)
 	close(s.lost)
 	from := s.saved
 	replayFrom := to
-	if w := c.opts.ReplayWindow; w > 0 {
-		if recent, err := c.client.GetOffset(p.topic, p.id, time.Now().Add(-w).UnixMilli()); err == nil && recent > to {
+	if w := s.window; w > 0 {
+		if recent, err := s.client.GetOffset(s.topic, s.id, time.Now().Add(-w).UnixMilli()); err == nil && recent > to {
 			replayFrom = min(recent, from)
 		}
 	}
-	c.metrics.Rewinds.Inc()
-	c.metrics.RewoundMessages.Add(float64(from - replayFrom))
-	c.log.Error("the database lost commits (a failover to a standby that lacked them, a restored backup): its position of the partition is behind what this process saved, and the messages in between may have lost their claims, charge records and outcome events; consuming them again (deduplication skips what the database still has; the provider answers charges it made from its idempotency store)",
-		"topic", p.topic, "partition", p.id, "database_position", to, "saved_position", from, "consume_again_from", replayFrom, "messages", from-replayFrom)
+	s.metrics.Rewinds.Inc()
+	s.metrics.RewoundMessages.Add(float64(from - replayFrom))
+	s.log.Error("the database lost commits (a failover to a standby that lacked them, a restored backup): its position of the partition is behind what this process saved, and the messages in between may have lost their claims, charge records and outcome events; consuming them again (deduplication skips what the database still has; the provider answers charges it made from its idempotency store)",
+		"topic", s.topic, "partition", s.id, "database_position", to, "saved_position", from, "consume_again_from", replayFrom, "messages", from-replayFrom)
 	if replayFrom > to {
-		c.log.Error("messages older than the provider's idempotency window are not consumed again: the provider may have forgotten their keys, so asking again could charge twice; reconcile these offsets with the provider (billing reconcile)",
-			"topic", p.topic, "partition", p.id, "from_offset", to, "to_offset", replayFrom, "window", c.opts.ReplayWindow)
-		if _, err := c.opts.Commit.positions.Save(ctx, p.topic, map[int32]int64{p.id: replayFrom}); err != nil {
-			c.log.Warn("cannot raise the partition's position past the reported messages; it is rewound again next time", "partition", p.id, "err", err)
+		s.log.Error("messages older than the provider's idempotency window are not consumed again: the provider may have forgotten their keys, so asking again could charge twice; reconcile these offsets with the provider (billing reconcile)",
+			"topic", s.topic, "partition", s.id, "from_offset", to, "to_offset", replayFrom, "window", s.window)
+		if _, err := s.positions.Save(ctx, s.topic, map[int32]int64{s.id: replayFrom}); err != nil {
+			s.log.Warn("cannot raise the partition's position past the reported messages; it is rewound again next time", "partition", s.id, "err", err)
 		}
 	}
-	p.sess.ResetOffset(p.topic, p.id, replayFrom, "")
-	p.sess.Commit()
+	s.sess.ResetOffset(s.topic, s.id, replayFrom, "")
+	s.sess.Commit()
 }
 
 // tracker knows which offsets of one partition were taken off the claim and

@@ -1,4 +1,4 @@
-package kafka_test
+package consumer_test
 
 import (
 	"strconv"
@@ -8,8 +8,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"example.com/billing/internal/consumer"
 	"example.com/billing/internal/dedup"
-	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/testenv/dbtest"
 	"example.com/billing/internal/testenv/kafkatest"
 	"example.com/billing/internal/testenv/wait"
@@ -41,7 +41,7 @@ func TestConsumer_APartitionWhoseDatabaseLostCommitsIsConsumedAgain(t *testing.T
 
 	rec := newRecorder()
 	opts := options()
-	opts.Commit, opts.ReplayWindow = kafka.SavePositions(dedup.NewPositions(db, b.Group)), 24*time.Hour
+	opts.Commit, opts.ReplayWindow = consumer.SavePositions(dedup.NewPositions(db, b.Group)), 24*time.Hour
 	m := startMember(t, b, rec, opts, "")
 	kafkatest.WaitCaughtUp(t, client, b.Group, b.Topic, 30*time.Second)
 	position := func() int64 {
@@ -99,7 +99,7 @@ func TestConsumer_AnIdlePartitionIsCommittedAtOnce(t *testing.T) {
 	kafkatest.Produce(t, client, b.Topic, msgs...)
 
 	opts := options()
-	opts.Commit = kafka.SavePositions(dedup.NewPositions(db, b.Group))
+	opts.Commit = consumer.SavePositions(dedup.NewPositions(db, b.Group))
 	startMemberWith(t, b, newRecorder(), nil, opts, "", func(cfg *sarama.Config) {
 		cfg.Consumer.Offsets.AutoCommit.Interval = time.Hour
 	})

@@ -1,4 +1,4 @@
-package kafka_test
+package consumer_test
 
 import (
 	"context"

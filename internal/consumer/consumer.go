@@ -1,9 +1,14 @@
-// Package kafka is billing's adapter to Apache Kafka through sarama: the
-// consumer group that feeds events to the billing processor, the sarama
-// configuration of billing's consumer and producers (the dead-letter
-// writer is package dlq, the outcome relay package outbox), and what
-// billing reads of topics and offsets.
-package kafka
+// Package consumer is billing's consumer of the order topic: a member of
+// the consumer group that takes each partition's messages to billing (the
+// Processor, package billing), one key at a time, and commits a partition's
+// offsets only up to the first message not yet finished (in production,
+// once the database holds that position), so that a crash redelivers and
+// never skips. It confirms its own membership with the group coordinator,
+// so that a member cut off from the brokers starts no new work, and parks
+// what cannot be processed through a Parker (package dlq). It reaches
+// Kafka through sarama, with the configuration, offset reads and trace
+// headers of package kafka.
+package consumer
 
 import (
 	"context"
@@ -107,6 +112,9 @@ func NewConsumer(client sarama.Client, proc Processor, dlq Parker, opts Options,
 	if opts.MaxInFlightBytes <= 0 {
 		opts.MaxInFlightBytes = math.MaxInt64
 	}
+	// The processing spans keep package kafka's instrumentation scope
+	// (the tracer's name): a trace backend that selects them by it still
+	// finds them.
 	c := &Consumer{
 		client:  client,
 		group:   group,

@@ -1,4 +1,4 @@
-package kafka
+package consumer
 
 // This file is one claimed partition's life: its messages are taken off
 // the claim while the in-flight budget allows, handed to billing one key
@@ -24,6 +24,7 @@ import (
 
 	"example.com/billing/internal/billing"
 	"example.com/billing/internal/dlq/reason"
+	"example.com/billing/internal/kafka"
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/tracing"
 )
@@ -240,10 +241,10 @@ func (c *Consumer) overBudget() bool {
 // once when there are none. It holds an in-flight slot from now on.
 func (p *partition) take(w queued) {
 	m := w.msg
-	parent := tracing.Propagator().Extract(context.Background(), consumerHeaders(m.Headers))
+	parent := tracing.Propagator().Extract(context.Background(), kafka.ConsumerHeaders(m.Headers))
 	opts := []trace.SpanStartOption{
 		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(messageAttributes(m, p.c.opts.Group)...),
+		trace.WithAttributes(kafka.MessageAttributes(m, p.c.opts.Group)...),
 	}
 	if trace.SpanContextFromContext(parent).IsValid() {
 		// Child of the producer's span and linked to it, as the messaging

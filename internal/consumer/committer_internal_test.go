@@ -1,4 +1,4 @@
-package kafka
+package consumer
 
 // An internal test: tracker is unexported, and it is the piece that decides
 // how far a partition may be marked, so it is tested on its own.

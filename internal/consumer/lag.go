@@ -1,4 +1,4 @@
-package kafka
+package consumer
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"example.com/billing/internal/kafka"
 )
 
 // lagInterval is how often consumer lag is read from the broker.
@@ -57,12 +59,12 @@ func (c *Consumer) reportLag(ctx context.Context) {
 		if len(parts) == 0 {
 			continue
 		}
-		committed, err := CommittedOffsets(ctx, c.client, c.opts.Group, c.opts.Topic)
+		committed, err := kafka.CommittedOffsets(ctx, c.client, c.opts.Group, c.opts.Topic)
 		if err != nil {
 			c.log.Debug("read committed offsets", "err", err)
 			continue
 		}
-		ends, err := PartitionEnds(c.client, c.opts.Topic, parts)
+		ends, err := kafka.PartitionEnds(c.client, c.opts.Topic, parts)
 		if err != nil {
 			c.log.Debug("read end offsets", "err", err)
 			continue
@@ -91,7 +93,7 @@ func (c *Consumer) reportLag(ctx context.Context) {
 // how long its last stable offset has stood still below its high-water
 // mark. A last stable offset that moved between two readings is held from
 // the second.
-func (c *Consumer) held(holds map[int32]*hold, id int32, e Ends, now time.Time) time.Duration {
+func (c *Consumer) held(holds map[int32]*hold, id int32, e kafka.Ends, now time.Time) time.Duration {
 	h := holds[id]
 	if e.Stable >= e.High {
 		if h != nil && h.warned {
