@@ -83,8 +83,11 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 	defer db.Close()
 	m := metrics.New(prometheus.NewRegistry())
 
+	// One instant for the record of early drops and for the drops: what is
+	// recorded is what is dropped, however long the run takes.
+	now := time.Now().UTC()
 	if early {
-		if err := recordEarlyDrops(ctx, db, op, cfg, log); err != nil {
+		if err := recordEarlyDrops(ctx, db, op, cfg, now, log); err != nil {
 			if postgres.IsConfigError(err) {
 				return fmt.Errorf("DATABASE_URL: %w", err)
 			}
@@ -102,7 +105,10 @@ func maintain(ctx context.Context, args []string, environ map[string]string, std
 		payer = client
 	}
 	recoverer := billing.NewRecoverer(db, payer, billing.Horizon{ProviderWindow: cfg.Payment.IdempotencyWindow, ResolveAfter: cfg.Payment.ResolveAfter}, m, log)
-	rep, err := newMaintenance(db, cfg.Dedup, cfg.Outbox, cfg.Partitions, recoverer, cfg.Payment.RecoverAfter, m, log).once(ctx)
+	mt := newMaintenance(db, cfg.Dedup, cfg.Outbox, cfg.Partitions, recoverer, cfg.Payment.RecoverAfter, m, log)
+	mt.dedup.AsOf(now)
+	mt.outbox.AsOf(now)
+	rep, err := mt.once(ctx)
 	if err != nil {
 		if postgres.IsConfigError(err) {
 			return fmt.Errorf("DATABASE_URL: %w", err)
@@ -136,20 +142,13 @@ type earlyDrops struct {
 	DeadOutcomes    int      `json:"deadOutcomes"`
 }
 
-// earlySlack is how far ahead of now the days that expire are looked for:
-// a day that expires while maintain runs (between this record and its
-// drop) is in the record too. It covers a run, not more: a day recorded
-// that this run does not drop yet is recorded again by the run that does,
-// and an hour's slack had every run of that hour record it again.
-const earlySlack = time.Minute
-
 // recordEarlyDrops records, before anything is dropped, what this run
 // drops that the default retentions keep: the daily partitions of
-// processed_event and outbox that are past the configured horizon (or will
-// be within earlySlack) but not the default one, and the outcomes of
-// outbox_dead between the two. Nothing to drop early: nothing recorded.
-func recordEarlyDrops(ctx context.Context, db *sqlx.DB, op operator, cfg config.Maintain, log *slog.Logger) error {
-	now := time.Now().UTC()
+// processed_event and outbox that are past the configured horizon as of
+// now (the instant the drops judge by too) but not the default one, and
+// the outcomes of outbox_dead between the two. Nothing to drop early:
+// nothing recorded.
+func recordEarlyDrops(ctx context.Context, db *sqlx.DB, op operator, cfg config.Maintain, now time.Time, log *slog.Logger) error {
 	plan := earlyDrops{DedupRetention: cfg.Dedup.Retention.String(), OutboxRetention: cfg.Outbox.Retention.String()}
 	for _, t := range []struct {
 		table       daytable.Table
@@ -168,13 +167,13 @@ func recordEarlyDrops(ctx context.Context, db *sqlx.DB, op operator, cfg config.
 		for _, name := range slices.Sorted(maps.Keys(parts)) {
 			// A day is dropped once its last instant is before the horizon.
 			end := parts[name].Day.AddDate(0, 0, 1)
-			if !end.After(now.Add(earlySlack-t.keep)) && end.After(now.Add(-t.usual)) {
+			if !end.After(now.Add(-t.keep)) && end.After(now.Add(-t.usual)) {
 				plan.Partitions = append(plan.Partitions, name)
 			}
 		}
 	}
 	if cfg.Outbox.Retention < config.DefaultOutboxRetention {
-		n, err := outbox.CountDead(ctx, db, now.Add(-config.DefaultOutboxRetention), now.Add(earlySlack-cfg.Outbox.Retention))
+		n, err := outbox.CountDead(ctx, db, now.Add(-config.DefaultOutboxRetention), now.Add(-cfg.Outbox.Retention))
 		if err != nil {
 			return fmt.Errorf("maintain: %w", err)
 		}

@@ -35,6 +35,11 @@ func NewRetention(db *sqlx.DB, keep time.Duration, ahead int, m *metrics.Metrics
 	return &Retention{db: db, keep: keep, ahead: ahead, metrics: m, log: log, now: time.Now}
 }
 
+// AsOf has every later run judge the retention as of t instead of the
+// time it runs: billing maintain records the days it drops earlier than
+// the default retention as of one instant, and then drops exactly those.
+func (r *Retention) AsOf(t time.Time) { r.now = func() time.Time { return t } }
+
 // Report says what one maintenance run did.
 type Report struct {
 	// Skipped: another maintainer held the lease; nothing was done.

@@ -49,6 +49,11 @@ func NewRetention(db *sqlx.DB, keep time.Duration, ahead int, log *slog.Logger) 
 	return &Retention{db: db, keep: keep, ahead: ahead, log: log, now: time.Now}
 }
 
+// AsOf has every later run judge the retention as of t instead of the
+// time it runs: billing maintain records the days it drops earlier than
+// the default retention as of one instant, and then drops exactly those.
+func (r *Retention) AsOf(t time.Time) { r.now = func() time.Time { return t } }
+
 // RetentionReport says what one run did.
 type RetentionReport struct {
 	Skipped bool `json:"skipped"` // another maintainer held the lease
