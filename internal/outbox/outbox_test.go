@@ -230,11 +230,14 @@ func (w *world) insert(o outbox.Event) {
 // relay starts a relay and returns the function that stops it.
 func (w *world) relay() (stop func()) {
 	w.t.Helper()
-	return w.relayGated(nil)
+	_, stop = w.relayGated(nil)
+	return stop
 }
 
-// relayGated starts a relay whose sends each wait for gate (nil: none).
-func (w *world) relayGated(gate func()) (stop func()) {
+// relayGated starts a relay whose sends each wait for gate (nil: none),
+// and returns the function that cancels its context (the stop's signal)
+// and the one that stops it and waits until it has.
+func (w *world) relayGated(gate func()) (cancel, stop func()) {
 	w.t.Helper()
 	env := map[string]string{"KAFKA_BROKERS": w.broker.Addr()}
 	var k config.Kafka
@@ -264,7 +267,7 @@ func (w *world) relayGated(gate func()) (stop func()) {
 		})
 	}
 	w.t.Cleanup(stop)
-	return stop
+	return cancel, stop
 }
 
 // published waits until n records are on the outcome topic and returns
@@ -534,18 +537,16 @@ func TestRelay_StoppedMidSendRecordsWhatItSent(t *testing.T) {
 	}
 	sending, stopped := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	stop := w.relayGated(func() {
+	cancel, stop := w.relayGated(func() {
 		once.Do(func() {
 			close(sending)
-			<-stopped // the stop begins while the batch is on its way
+			<-stopped // the stop comes while the batch is on its way
 		})
 	})
 	<-sending
-	done := make(chan struct{})
-	go func() { stop(); close(done) }()
-	time.Sleep(200 * time.Millisecond) // the relay's context is cancelled
+	cancel()
 	close(stopped)
-	<-done
+	stop()
 	if n := w.unpublished(); n != 0 {
 		t.Fatalf("%d rows the stopped relay sent are not marked published: the next relay publishes them again", n)
 	}
