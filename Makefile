@@ -63,7 +63,7 @@ kafka:
 
 ## chaos: the fault-injection suite (docs/testing.md): real serve processes, a
 ## throwaway PostgreSQL cluster, fakepsp, and a three-broker Apache Kafka
-## cluster (~18 min on 2 cores; the default where Java and Maven are
+## cluster (~25 min on 2 cores; the default where Java and Maven are
 ## installed, and under CI=true) or the embedded kfake broker
 ## (CHAOS_BROKER=kfake, ~8 min). broker-faults runs on kfake only;
 ## leader-kill-9, coordinator-kill-9, rolling-restart and broker-pause on
@@ -188,7 +188,7 @@ bench-dedup:
 
 ## walk: count docs/architecture.md's walk: the production files and
 ## packages one valid event runs statements of that an idle serve, as long,
-## does not (two coverage runs of TestServe_Walk on the kfake broker, ~30 s)
+## does not (two coverage runs of TestServe_Walk on the kfake broker, ~15 s)
 WALK_DIR ?= $(or $(TMPDIR),/tmp)/billing-walk
 walk:
 	mkdir -p $(WALK_DIR)

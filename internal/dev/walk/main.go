@@ -48,10 +48,13 @@ func run(idlePath, eventPath string, w io.Writer) error {
 	files := onPath(idle, event)
 	var names []string
 	for f := range files {
-		if developerOnly(f) {
-			continue
+		dev, err := developerOnly(f)
+		if err != nil {
+			return err
 		}
-		names = append(names, f)
+		if !dev {
+			names = append(names, f)
+		}
 	}
 	slices.SortFunc(names, func(a, b string) int { return cmp.Compare(a, b) })
 	pkgs := map[string]bool{}
@@ -120,21 +123,34 @@ func onPath(idle, event profile) map[string]int {
 
 const module = "example.com/billing/"
 
-// developerOnly reports whether file is no release's: the developer
-// commands, the fakes and the test environment.
-func developerOnly(file string) bool {
+// developerOnly reports whether file is in no release: the developer
+// commands, the fakes and the test environment, and the files only a
+// build with one of the project's tags compiles (dev, and the test
+// builds upgradetest, seeddesign and chaos). A file it cannot read is an
+// error: the profile and the tree do not match.
+func developerOnly(file string) (bool, error) {
 	rel := strings.TrimPrefix(file, module)
 	if strings.HasPrefix(rel, "internal/dev/") || strings.HasPrefix(rel, "internal/testenv/") {
-		return true
+		return true, nil
 	}
 	src, err := os.ReadFile(rel)
 	if err != nil {
-		return false
+		return false, fmt.Errorf("%s: %w (run walk from the module's root, on the tree the profiles were taken of)", file, err)
 	}
 	first, _, _ := strings.Cut(string(src), "\n")
 	expr, err := constraint.Parse(first)
 	if err != nil {
-		return false // no build constraint: every build has it
+		return false, nil // no build constraint: every build has it
 	}
-	return !expr.Eval(func(tag string) bool { return tag != "dev" })
+	return !expr.Eval(releaseTag), nil
+}
+
+// releaseTag reports whether a release build (Linux, the gc compiler)
+// satisfies tag; the project's own tags are a release's only when negated.
+func releaseTag(tag string) bool {
+	switch tag {
+	case "linux", "unix", "amd64", "arm64", "gc":
+		return true
+	}
+	return strings.HasPrefix(tag, "go1.")
 }

@@ -58,17 +58,22 @@ func TestDeveloperOnly(t *testing.T) {
 	}{
 		{module + "internal/dev/fakepsp/fakepsp.go", true},
 		{module + "internal/testenv/wait/wait.go", true},
-		{module + "cmd/billing/dev.go", true},    // //go:build dev
-		{module + "cmd/billing/nodev.go", false}, // //go:build !dev: a release's
+		{module + "cmd/billing/dev.go", true},                 // //go:build dev
+		{module + "cmd/billing/nodev.go", false},              // //go:build !dev: a release's
+		{module + "internal/charge/insert_release.go", false}, // //go:build !upgradetest
+		{module + "internal/charge/insert_next.go", true},     // //go:build upgradetest
 		{module + "cmd/billing/serve.go", false},
 		{module + "internal/billing/billing.go", false},
 	}
 	// The paths are the module's, relative to its root.
 	t.Chdir("../../..")
 	for _, tt := range tests {
-		if got := developerOnly(tt.file); got != tt.want {
-			t.Errorf("developerOnly(%s) = %v, want %v", tt.file, got, tt.want)
+		if got, err := developerOnly(tt.file); err != nil || got != tt.want {
+			t.Errorf("developerOnly(%s) = %v, %v; want %v", tt.file, got, err, tt.want)
 		}
+	}
+	if _, err := developerOnly(module + "internal/no/such.go"); err == nil {
+		t.Error("a file the tree lacks was taken for a release's")
 	}
 }
 
