@@ -1,7 +1,9 @@
 package payment
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -137,6 +139,21 @@ type Response struct {
 // provider was not reached or did not answer in time).
 type Doer interface {
 	Do(req *http.Request) (Response, error)
+}
+
+// PostCharge sends one try of a charge through do: body, of contentType,
+// POSTed to url under the attempt's Idempotency-Key, with the provider's
+// credentials set by authorize. Every adapter's charge is this request;
+// only the body, the address and the credentials differ.
+func PostCharge(ctx context.Context, do Doer, url, contentType, key string, body []byte, authorize func(*http.Request)) (Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return Response{}, Transient("client_error", 0, fmt.Errorf("build request: %w", err))
+	}
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("Idempotency-Key", key)
+	authorize(req)
+	return do.Do(req)
 }
 
 // Protocol is one provider's API: how a charge, a lookup and a listing

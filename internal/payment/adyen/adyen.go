@@ -23,7 +23,6 @@
 package adyen
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -107,14 +106,8 @@ func (p *Protocol) Charge(ctx context.Context, do payment.Doer, r payment.Reques
 		ShopperInteraction:       "ContAuth",
 		RecurringProcessingModel: "UnscheduledCardOnFile",
 	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.payments, bytes.NewReader(body))
-	if err != nil {
-		return payment.Outcome{}, payment.Transient("client_error", 0, fmt.Errorf("build request: %w", err))
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-API-Key", p.apiKey)
-	req.Header.Set("Idempotency-Key", r.IdempotencyKey)
-	resp, err := do.Do(req)
+	resp, err := payment.PostCharge(ctx, do, p.payments, "application/json", r.IdempotencyKey, body,
+		func(req *http.Request) { req.Header.Set("X-API-Key", p.apiKey) })
 	if err != nil {
 		return payment.Outcome{}, err
 	}

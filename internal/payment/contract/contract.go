@@ -7,7 +7,6 @@
 package contract
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -54,14 +53,7 @@ type answer struct {
 func (p *Protocol) Charge(ctx context.Context, do payment.Doer, r payment.Request) (payment.Outcome, error) {
 	// Integers and a validated three-letter code: marshalling cannot fail.
 	body, _ := json.Marshal(chargeBody{OrderID: r.OrderID, CustomerID: r.CustomerID, Amount: r.Amount, Currency: r.Currency})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.charges, bytes.NewReader(body))
-	if err != nil {
-		return payment.Outcome{}, payment.Transient("client_error", 0, fmt.Errorf("build request: %w", err))
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", r.IdempotencyKey)
-	p.authorize(req)
-	resp, err := do.Do(req)
+	resp, err := payment.PostCharge(ctx, do, p.charges, "application/json", r.IdempotencyKey, body, p.authorize)
 	if err != nil {
 		return payment.Outcome{}, err
 	}

@@ -69,14 +69,7 @@ func (p *Protocol) Charge(ctx context.Context, do payment.Doer, r payment.Reques
 		"metadata[order_id]":    {strconv.FormatInt(r.OrderID, 10)},
 		"metadata[customer_id]": {strconv.FormatInt(r.CustomerID, 10)},
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base+chargePath, strings.NewReader(form.Encode()))
-	if err != nil {
-		return payment.Outcome{}, payment.Transient("client_error", 0, fmt.Errorf("build request: %w", err))
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Idempotency-Key", r.IdempotencyKey)
-	p.authorize(req)
-	resp, err := do.Do(req)
+	resp, err := payment.PostCharge(ctx, do, p.base+chargePath, "application/x-www-form-urlencoded", r.IdempotencyKey, []byte(form.Encode()), p.authorize)
 	if err != nil {
 		return payment.Outcome{}, err
 	}
