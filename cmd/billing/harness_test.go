@@ -231,15 +231,34 @@ func get(addr, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// freeAddr returns a loopback address that is free now and that it never
+// returned before in this test binary.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.mu.Lock()
+	defer handedOut.mu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		// The kernel may give a port it gave a moment ago once that
+		// listener closed: two addresses of one serve (HTTP_ADDR and
+		// DEBUG_PPROF_ADDR) were once the same.
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
+
+// handedOut is every address freeAddr returned in this test binary.
+var handedOut = struct {
+	mu    sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
 
 // syncBuffer collects logs written from many goroutines.
 type syncBuffer struct {
