@@ -481,7 +481,7 @@ func TestProcess_ABacklogOfOldEventsAsksTheProviderOncePerEvent(t *testing.T) {
 		ev.ID = id
 		values = append(values, marshal(t, ev))
 	}
-	for i, r := range submitted(t, f.proc, values...)() {
+	for i, r := range handled(t, f.proc, values...)() {
 		if r.Outcome != billing.Charged {
 			t.Errorf("event %d: %v, want charged", i, r.Outcome)
 		}

@@ -18,18 +18,14 @@ import (
 	"example.com/billing/internal/testenv/wait"
 )
 
-// submitted submits values one by one, as the consumer does, and returns a
-// function that waits for their results.
-func submitted(t *testing.T, p *billing.Processor, values ...[]byte) func() []billing.Result {
+// handled handles values each on a goroutine of its own, as the
+// consumer's keys do, and returns a function that waits for their results.
+func handled(t *testing.T, p *billing.Processor, values ...[]byte) func() []billing.Result {
 	t.Helper()
 	results := make([]billing.Result, len(values))
 	var wg sync.WaitGroup
-	wg.Add(len(values))
 	for i, v := range values {
-		p.Submit(context.Background(), messages(v)[0], func(r billing.Result, _ error) {
-			results[i] = r
-			wg.Done()
-		})
+		wg.Go(func() { results[i], _ = p.Handle(context.Background(), messages(v)[0]) })
 	}
 	return func() []billing.Result { wg.Wait(); return results }
 }
@@ -37,7 +33,7 @@ func submitted(t *testing.T, p *billing.Processor, values ...[]byte) func() []bi
 // An event whose provider answer is slow holds no other event: each goes
 // through claim → charge → settle at its own pace, and the transactions
 // they share do not wait for the slow one's answer.
-func TestSubmit_ASlowAnswerHoldsNoOtherEvent(t *testing.T) {
+func TestHandle_ASlowAnswerHoldsNoOtherEvent(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	slow, slowValue := newEvent(t, 1, time.Now())
 	release := make(chan struct{})
@@ -56,8 +52,8 @@ func TestSubmit_ASlowAnswerHoldsNoOtherEvent(t *testing.T) {
 		_, v := newEvent(t, int64(100+i), time.Now())
 		fast = append(fast, v)
 	}
-	slowDone := submitted(t, proc, slowValue)
-	for i, r := range submitted(t, proc, fast...)() {
+	slowDone := handled(t, proc, slowValue)
+	for i, r := range handled(t, proc, fast...)() {
 		if r.Outcome != billing.Charged {
 			t.Errorf("event %d behind a slow answer: %v, want charged", i, r.Outcome)
 		}
@@ -71,7 +67,7 @@ func TestSubmit_ASlowAnswerHoldsNoOtherEvent(t *testing.T) {
 // Under load the claims and settles of many events share transactions
 // (group commit): far fewer transactions than events, and every event
 // still charged once.
-func TestSubmit_ClaimsAndSettlesShareTransactions(t *testing.T) {
+func TestHandle_ClaimsAndSettlesShareTransactions(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{Latency: 20 * time.Millisecond})
 	const events = 400
 	var values [][]byte
@@ -79,7 +75,7 @@ func TestSubmit_ClaimsAndSettlesShareTransactions(t *testing.T) {
 		_, v := newEvent(t, int64(1000+i), time.Now())
 		values = append(values, v)
 	}
-	for i, r := range submitted(t, f.proc, values...)() {
+	for i, r := range handled(t, f.proc, values...)() {
 		if r.Outcome != billing.Charged {
 			t.Fatalf("event %d: %v, want charged", i, r.Outcome)
 		}
@@ -117,7 +113,7 @@ func transactions(t *testing.T, f *fixture) map[string]int {
 // the settle waits) rolls back as a whole, but the answers it was to
 // record are not lost with it: they are settled again, one call at a time,
 // and every event is charged with one provider request, none asked twice.
-func TestSubmit_ASettleThatLosesItsConnectionIsSettledAgainWithItsAnswers(t *testing.T) {
+func TestHandle_ASettleThatLosesItsConnectionIsSettledAgainWithItsAnswers(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	for _, q := range []string{
 		`CREATE TABLE settle_gate (once boolean)`,
@@ -179,24 +175,26 @@ func TestRun_StoppingWithAFullQueueAnswersEveryEvent(t *testing.T) {
 	answered := map[int]billing.Result{}
 	var stopped int
 	var wg sync.WaitGroup
-	wg.Add(events)
 	for i, v := range values {
-		proc.Submit(ctx, messages(v)[0], func(r billing.Result, err error) {
+		wg.Go(func() {
+			r, err := proc.Handle(ctx, messages(v)[0])
 			mu.Lock()
 			defer mu.Unlock()
-			if _, twice := answered[i]; twice {
-				t.Errorf("event %d answered twice", i)
-			}
 			answered[i] = r
 			if errors.Is(err, billing.ErrStopped) || errors.Is(err, context.Canceled) {
 				stopped++
 			}
-			wg.Done()
 		})
 	}
 	time.Sleep(150 * time.Millisecond)
 	stop()
-	wg.Wait()
+	returned := make(chan struct{})
+	go func() { wg.Wait(); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("events still unanswered 10s after the processor stopped")
+	}
 	if len(answered) != events {
 		t.Fatalf("%d of %d events answered", len(answered), events)
 	}
@@ -228,7 +226,7 @@ func histogramCount(t *testing.T, h prometheus.Observer) uint64 {
 // ended, even when it was only waiting for a provider slot; its attempt
 // stays pending for whoever completes it, under the same key. A request
 // already sent is not cut short: it is answered and settled.
-func TestSubmit_NoChargeIsSentOnceItsFenceOrContextEnds(t *testing.T) {
+func TestHandle_NoChargeIsSentOnceItsFenceOrContextEnds(t *testing.T) {
 	for _, end := range []string{"fence", "context"} {
 		t.Run(end, func(t *testing.T) {
 			f := newFixture(t, fakepsp.Options{})
@@ -257,7 +255,10 @@ func TestSubmit_NoChargeIsSentOnceItsFenceOrContextEnds(t *testing.T) {
 				answers[i] = make(chan answer, 1)
 				m := messages(v)[0]
 				m.Fence = fence
-				proc.Submit(ctx, m, func(r billing.Result, err error) { answers[i] <- answer{r, err} })
+				go func() {
+					r, err := proc.Handle(ctx, m)
+					answers[i] <- answer{r, err}
+				}()
 			}
 			wait.For(t, 10*time.Second, "one request sent, the other waiting for the slot", func() bool {
 				return sent.Load() == 1 && f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`) == 2
@@ -306,4 +307,40 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// However many events wait for the provider, at most the payment client's
+// slots (PAYMENT_MAX_CONCURRENCY) of their requests are in flight at once,
+// and every one is sent in turn: an event's goroutine waits for a slot, it
+// does not start a request of its own.
+func TestHandle_RequestsStayWithinThePaymentClientsSlots(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	const slots, events = 3, 40
+	var inFlight, most atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(20 * time.Millisecond)
+		f.psp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	proc := f.processorWithSlots(t, srv.URL, slots)
+	var values [][]byte
+	for i := range events {
+		_, v := newEvent(t, int64(500+i), time.Now())
+		values = append(values, v)
+	}
+	for i, r := range handled(t, proc, values...)() {
+		if r.Outcome != billing.Charged {
+			t.Errorf("event %d: %v, want charged", i, r.Outcome)
+		}
+	}
+	if got := most.Load(); got != slots {
+		t.Errorf("at most %d requests in flight at once, want %d (the payment client's slots)", got, slots)
+	}
+	if st := f.psp.Stats(); st.Requests != events || st.ChargesCreated != events {
+		t.Errorf("provider stats %+v, want %d requests and charges", st, events)
+	}
 }
