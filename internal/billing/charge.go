@@ -64,6 +64,10 @@ func outcomeOf(status string) Outcome {
 // the one call of its attempt in this process (settler.active) from join
 // or activate until done is closed: settled, or given up.
 type call struct {
+	// id is the attempt's event id, a.EventID, fixed at construction: a
+	// claim hands one call to every copy of its event in the batch, so
+	// join and end read it while the call's settle rewrites a.
+	id      uuid.UUID
 	a       charge.Row
 	trace   trace.SpanContext // of the first event waiting for it
 	fromRow bool              // read pending from the table, not recorded by this claim
@@ -109,7 +113,7 @@ type call struct {
 }
 
 func newCall(a charge.Row, fromRow bool) *call {
-	return &call{a: a, fromRow: fromRow, done: make(chan struct{})}
+	return &call{id: a.EventID, a: a, fromRow: fromRow, done: make(chan struct{})}
 }
 
 // answered records the answer of c's request.
@@ -133,7 +137,7 @@ func (c *call) unanswered() error {
 // which t waits for instead. A call that is done is not started again: t
 // reads what it recorded.
 func (s *settler) join(c *call, t *try) (joined *call, lead bool) {
-	id := c.a.EventID // c's own: a call already busy is being written by its settle
+	id := c.id
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if busy, ok := s.active[id]; ok {
@@ -155,10 +159,10 @@ func (s *settler) join(c *call, t *try) (joined *call, lead bool) {
 func (s *settler) activate(c *call) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.active[c.a.EventID]; ok {
+	if _, ok := s.active[c.id]; ok {
 		return false
 	}
-	s.active[c.a.EventID] = c
+	s.active[c.id] = c
 	return true
 }
 
@@ -177,8 +181,8 @@ func (s *settler) end(c *call, gaveUp error) {
 	if c.over {
 		return
 	}
-	if s.active[c.a.EventID] == c {
-		delete(s.active, c.a.EventID)
+	if s.active[c.id] == c {
+		delete(s.active, c.id)
 	}
 	c.gaveUp, c.over = gaveUp, true
 	close(c.done)
