@@ -337,10 +337,10 @@ func (p *Processor) Handle(ctx context.Context, m Message) (Result, error) {
 // counts its result.
 func (p *Processor) handle(t *try) error {
 	if t.res.Outcome == Parked && !t.res.announced() {
-		return t.finish(nil)
+		return t.tally(nil)
 	}
 	cl := t.claimant()
-	return t.finish(p.phases(t, cl, p.toClaim(cl)))
+	return t.tally(p.phases(t, cl, p.toClaim(cl)))
 }
 
 // try is one Handle of a message: its event on its way through the
@@ -454,12 +454,12 @@ func (p *Processor) complete(t *try, c *call) (again bool, err error) {
 		p.send(t, c)
 	}
 	select {
-	case <-c.done:
+	case <-c.ended:
 	case <-t.ctx.Done():
 		if !p.hasLeft(c) {
 			return false, t.ctx.Err() // nothing sent for it: left pending
 		}
-		<-c.done // sent: its answer is settled, and the outcome is the caller's
+		<-c.ended // sent: its answer is settled, and the outcome is the caller's
 	}
 	return p.decide(c, t)
 }
@@ -505,11 +505,11 @@ func (p *Processor) decide(c *call, t *try) (again bool, err error) {
 // errUnanswered: an attempt is still pending and nothing says why.
 var errUnanswered = errors.New("billing: the charge attempt is still unanswered")
 
-// finish counts t's result where it was decided and returns why it is
+// tally counts t's result where it was decided and returns why it is
 // Pending (nil when it is not): a decided event by its outcome (a parked
 // one is counted by the dead-letter writer once parked), an event left
 // pending by a failure as a retry by its cause.
-func (t *try) finish(err error) error {
+func (t *try) tally(err error) error {
 	switch t.res.Outcome {
 	case Pending:
 		if err != nil && t.ctx.Err() == nil && !errors.Is(err, ErrStopped) && !errors.Is(err, errFenced) { // not the caller giving up

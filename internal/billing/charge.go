@@ -62,7 +62,7 @@ func outcomeOf(status string) Outcome {
 // call is one attempt this process completes: phase 2's request and
 // answer, then what phase 3 recorded, and the tries waiting for it. It is
 // the one call of its attempt in this process (settler.active) from join
-// or activate until done is closed: settled, or given up.
+// or activate until ended is closed: settled, or given up.
 type call struct {
 	// id is the attempt's event id, a.EventID, fixed at construction: a
 	// claim hands one call to every copy of its event in the batch, so
@@ -81,9 +81,9 @@ type call struct {
 	// left: the request went to the provider (its Ready passed), so it
 	// is answered and settled whoever still waits (guarded by settler.mu).
 	left bool
-	// over: done is closed (guarded by settler.mu).
-	over bool
-	done chan struct{}
+	// over: ended is closed (guarded by settler.mu).
+	over  bool
+	ended chan struct{}
 
 	sent bool // the request went out (or, for a notification or a lookup, the answer came)
 	// requests is 1 when the answer is a provider request's, 0 for a
@@ -101,7 +101,7 @@ type call struct {
 	// last did: the answer is kept and settled again, never asked again.
 	settles   int
 	settleErr error
-	// gaveUp, once done is closed, says why the call was given up
+	// gaveUp, once ended is closed, says why the call was given up
 	// unsettled (abandon): its attempt stays as the table has it.
 	gaveUp error
 	// counted is countedFor as the settle found it when it began: the
@@ -113,7 +113,7 @@ type call struct {
 }
 
 func newCall(a charge.Row, fromRow bool) *call {
-	return &call{id: a.EventID, a: a, fromRow: fromRow, done: make(chan struct{})}
+	return &call{id: a.EventID, a: a, fromRow: fromRow, ended: make(chan struct{})}
 }
 
 // answered records the answer of c's request.
@@ -134,7 +134,7 @@ func (c *call) unanswered() error {
 // join makes t wait for c's attempt: c becomes the attempt's call and t
 // its leader, which sends the request (lead), unless a call of this
 // process completes the attempt already (another event's, recovery's),
-// which t waits for instead. A call that is done is not started again: t
+// which t waits for instead. A call that ended is not started again: t
 // reads what it recorded.
 func (s *settler) join(c *call, t *try) (joined *call, lead bool) {
 	id := c.id
@@ -185,7 +185,7 @@ func (s *settler) end(c *call, gaveUp error) {
 		delete(s.active, c.id)
 	}
 	c.gaveUp, c.over = gaveUp, true
-	close(c.done)
+	close(c.ended)
 }
 
 // abandon gives c up unsettled: its waiters are left Pending with err, and

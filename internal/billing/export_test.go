@@ -20,7 +20,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 	for i, m := range msgs {
 		t := p.newTry(ctx, &m)
 		if t.res.Outcome == Parked && !t.res.announced() {
-			results[i], errs[i] = t.res, t.finish(nil)
+			results[i], errs[i] = t.res, t.tally(nil)
 			continue
 		}
 		tries, claim, at = append(tries, t), append(claim, t.claimant()), append(at, i)
@@ -29,7 +29,7 @@ func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, erro
 	var wg sync.WaitGroup
 	for n, t := range tries {
 		wg.Go(func() {
-			errs[at[n]] = t.finish(p.phases(t, claim[n], queued))
+			errs[at[n]] = t.tally(p.phases(t, claim[n], queued))
 			results[at[n]] = t.res
 		})
 	}

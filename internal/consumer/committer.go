@@ -90,14 +90,14 @@ func (c *Consumer) newCommitter(p *partition) committer {
 		s := &saving{sess: p.sess, topic: p.topic, id: p.id, positions: c.opts.Commit.positions, window: c.opts.ReplayWindow,
 			client: c.client, metrics: c.metrics, log: c.log, saveFailed: c.saveFailed,
 			saved: -1, poke: make(chan struct{}, 1), lost: make(chan struct{})}
-		s.done.Store(-1)
+		s.end.Store(-1)
 		if p.initial >= 0 {
 			s.saved = p.initial
 		}
 		return s
 	default:
 		m := &marking{sess: p.sess, topic: p.topic, id: p.id, commit: c.opts.Commit.each}
-		m.done.Store(-1)
+		m.end.Store(-1)
 		return m
 	}
 }
@@ -239,7 +239,7 @@ func (s *saving) close(ctx context.Context) {
 // save saves the partition's position and marks it, committing at once
 // when commit is set and the position moved.
 func (s *saving) save(ctx context.Context, commit bool) {
-	at := max(s.done.Load(), s.saved)
+	at := max(s.end.Load(), s.saved)
 	if at < 0 {
 		return
 	}
@@ -328,14 +328,14 @@ type tracker struct {
 	mu      sync.Mutex
 	entries []entry // ascending offsets; entries[head:] are not yet marked
 	head    int
-	// done is the next offset after the finished prefix, -1 before the
+	// end is the next offset after the finished prefix, -1 before the
 	// first (the committers start it there); written under mu.
-	done atomic.Int64
+	end atomic.Int64
 }
 
 type entry struct {
-	offset int64
-	done   bool
+	offset   int64
+	finished bool
 }
 
 // add records an offset taken off the claim. Offsets arrive in ascending
@@ -356,17 +356,17 @@ func (t *tracker) finish(offset int64) (int64, bool) {
 	if i == len(pending) || pending[i].offset != offset {
 		return 0, false
 	}
-	pending[i].done = true
+	pending[i].finished = true
 
 	start := t.head
-	for t.head < len(t.entries) && t.entries[t.head].done {
+	for t.head < len(t.entries) && t.entries[t.head].finished {
 		t.head++
 	}
 	if t.head == start {
 		return 0, false
 	}
 	next := t.entries[t.head-1].offset + 1
-	t.done.Store(next)
+	t.end.Store(next)
 	// Reuse the slice's space once most of it is marked.
 	if t.head > 1024 && t.head*2 > len(t.entries) {
 		t.entries = append(t.entries[:0], t.entries[t.head:]...)
@@ -381,16 +381,16 @@ func (t *tracker) finish(offset int64) (int64, bool) {
 func (t *tracker) stepTo(to int64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.entries) > t.head || to <= t.done.Load() {
+	if len(t.entries) > t.head || to <= t.end.Load() {
 		return false
 	}
-	t.done.Store(to)
+	t.end.Store(to)
 	return true
 }
 
 // idle returns the end of the finished prefix, -1 before the first, and
 // whether every offset taken is finished.
-func (t *tracker) idle() (int64, bool) { return t.done.Load(), t.unfinished() == 0 }
+func (t *tracker) idle() (int64, bool) { return t.end.Load(), t.unfinished() == 0 }
 
 // unfinished returns how many offsets are taken but not yet committable.
 func (t *tracker) unfinished() int {

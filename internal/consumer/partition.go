@@ -336,7 +336,7 @@ func (p *partition) try(m *message) (done bool, err error) {
 	if m.res.Outcome != billing.Parked {
 		return true, nil
 	}
-	return p.park(m)
+	return p.deadLetter(m)
 }
 
 // ask has billing handle m's event.
@@ -347,9 +347,9 @@ func (p *partition) ask(m *message) error {
 	return err
 }
 
-// park writes m to the dead-letter topic and reports whether the broker
-// took it.
-func (p *partition) park(m *message) (bool, error) {
+// deadLetter writes m, parked, to the dead-letter topic and reports
+// whether the broker took it.
+func (p *partition) deadLetter(m *message) (bool, error) {
 	parked, err := p.c.dlq.Park(m.msg, m.res.Reason)
 	if err != nil {
 		return false, err

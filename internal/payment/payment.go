@@ -286,7 +286,7 @@ func (c *Client) charge(ctx context.Context, r Request) (Outcome, error) {
 	// being processed: nothing about the provider's health.
 	// Our own cancellation (a drain cut short) says nothing either.
 	if probe || (result != "conflict" && ctx.Err() == nil) {
-		c.breaker.done(healthy(result), probe)
+		c.breaker.record(healthy(result), probe)
 	}
 	return out, err
 }
