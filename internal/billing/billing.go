@@ -259,9 +259,9 @@ type Processor struct {
 // that it stays short.
 const maxBatch = 128
 
-// maxRounds bounds how often one event is claimed again while other
-// attempts of its order come first; past it the event is left pending for
-// the caller's retry.
+// maxRounds bounds the claims of one Handle, while other attempts of its
+// order come first; past it the event is left pending for the caller's
+// retry.
 const maxRounds = 8
 
 // NewProcessor returns a Processor that records in db, deduplicates with
@@ -311,7 +311,7 @@ func (p *Processor) Run(ctx context.Context) {
 		cl.claimed(ErrStopped)
 	}
 	for _, c := range p.settles.close() {
-		p.abandon(c, ErrStopped)
+		p.end(c, ErrStopped)
 	}
 }
 
@@ -510,6 +510,12 @@ var errUnanswered = errors.New("billing: the charge attempt is still unanswered"
 // one is counted by the dead-letter writer once parked), an event left
 // pending by a failure as a retry by its cause.
 func (t *try) tally(err error) error {
+	if err != nil {
+		// Nothing recorded what the result says so far: a parked event's
+		// failure outcome, say, whose claim did not commit. It is decided
+		// only once that is recorded.
+		t.res.Outcome, t.res.Reason = Pending, reason.Reason{}
+	}
 	switch t.res.Outcome {
 	case Pending:
 		if err != nil && t.ctx.Err() == nil && !errors.Is(err, ErrStopped) && !errors.Is(err, errFenced) { // not the caller giving up

@@ -78,8 +78,9 @@ type call struct {
 	// process settles it: the first copy of the attempt's own event; nil
 	// when none waits for it here (guarded by settler.mu).
 	countedFor *try
-	// left: the request went to the provider (its Ready passed), so it
-	// is answered and settled whoever still waits (guarded by settler.mu).
+	// left: the request is on its way to the provider (its Leave passed),
+	// so it is answered and settled whoever still waits (guarded by
+	// settler.mu).
 	left bool
 	// over: ended is closed (guarded by settler.mu).
 	over  bool
@@ -102,7 +103,7 @@ type call struct {
 	settles   int
 	settleErr error
 	// gaveUp, once ended is closed, says why the call was given up
-	// unsettled (abandon): its attempt stays as the table has it.
+	// unsettled (end with an error): its attempt stays as the table has it.
 	gaveUp error
 	// counted is countedFor as the settle found it when it began: the
 	// waiter its update recorded as counting the outcome.
@@ -174,7 +175,9 @@ func (s *settler) hasLeft(c *call) bool {
 }
 
 // end closes c: it is no longer its attempt's call, and its waiters read
-// what it recorded, or why it was given up (gaveUp).
+// what it recorded, or, when gaveUp is not nil, why it was given up
+// unsettled: they are left Pending with it, and the attempt stays pending
+// in the table for a retry or maintenance.
 func (s *settler) end(c *call, gaveUp error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -187,10 +190,6 @@ func (s *settler) end(c *call, gaveUp error) {
 	c.gaveUp, c.over = gaveUp, true
 	close(c.ended)
 }
-
-// abandon gives c up unsettled: its waiters are left Pending with err, and
-// the attempt stays pending in the table for a retry or maintenance.
-func (s *settler) abandon(c *call, err error) { s.end(c, err) }
 
 // send runs phase 2 for c, which t leads: the request, with no
 // transaction open, on a caller (at most as many at once as the payment
@@ -230,9 +229,16 @@ func (p *Processor) send(t *try, c *call) {
 // charge asks the provider for c's attempt.
 func (p *Processor) charge(ctx context.Context, c *call) {
 	req := request(c.a)
-	// Asked again once the request has its turn, which a rate limit can
-	// make seconds later: a partition lost meanwhile sends nothing more.
+	// Asked again while the request waits for its turn, which a rate limit
+	// or a pause can make seconds later, and once it has it (Leave): a
+	// partition lost meanwhile sends nothing more.
 	req.Ready = func() error {
+		if err := withinWindow(p.now(), c.a, p.horizon.ProviderWindow); err != nil {
+			return err
+		}
+		return p.wanted(c)
+	}
+	req.Leave = func() error {
 		if err := withinWindow(p.now(), c.a, p.horizon.ProviderWindow); err != nil {
 			return err
 		}
@@ -246,10 +252,10 @@ func (p *Processor) charge(ctx context.Context, c *call) {
 
 // leave lets c's request go while one of its waiters still wants it: from
 // then on they wait for its settle whatever their callers do.
-func (p *Processor) leave(c *call) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.wantedLocked(c); err != nil {
+func (s *settler) leave(c *call) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.wantedLocked(c); err != nil {
 		return err
 	}
 	c.left = true
@@ -274,14 +280,14 @@ func withinWindow(now time.Time, a charge.Row, window time.Duration) error {
 
 // wanted returns nil while one of c's waiters still wants its request sent,
 // else why none does; nil for a call without waiters.
-func (p *Processor) wanted(c *call) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.wantedLocked(c)
+func (s *settler) wanted(c *call) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.wantedLocked(c)
 }
 
-// wantedLocked is wanted with p.mu held.
-func (p *Processor) wantedLocked(c *call) error {
+// wantedLocked is wanted with s.mu held.
+func (s *settler) wantedLocked(c *call) error {
 	var why error
 	for _, t := range c.waiters {
 		err := t.gone()
@@ -296,7 +302,7 @@ func (p *Processor) wantedLocked(c *call) error {
 // toSettle queues c for phase 3.
 func (p *Processor) toSettle(c *call) {
 	if !p.settles.push(c) {
-		p.abandon(c, ErrStopped)
+		p.end(c, ErrStopped)
 	}
 }
 

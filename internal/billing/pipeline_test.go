@@ -3,6 +3,8 @@ package billing_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -13,8 +15,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"go.opentelemetry.io/otel/trace/noop"
+
 	"example.com/billing/internal/billing"
+	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dev/fakepsp"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/contract"
 	"example.com/billing/internal/testenv/wait"
 )
 
@@ -291,6 +299,61 @@ func TestHandle_NoChargeIsSentOnceItsFenceOrContextEnds(t *testing.T) {
 				t.Errorf("%d pending attempts, want 1 (left for whoever completes it)", n)
 			}
 		})
+	}
+}
+
+// A charge that a pause of charging holds has not left: a copy of the event
+// whose context ends meanwhile returns Pending at once, although another
+// copy still wants the request, and the request goes once after the resume.
+func TestHandle_ACallerGivesUpAChargeThePauseHolds(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	srv := httptest.NewServer(f.psp)
+	t.Cleanup(srv.Close)
+	m := metrics.New(prometheus.NewRegistry())
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
+	t.Cleanup(payer.Close)
+	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
+		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
+	payer.SetPaused(true)
+
+	_, value := newEvent(t, 1, time.Now())
+	msg := messages(value)[0]
+	stays := make(chan billing.Result, 1)
+	go func() { r, _ := proc.Handle(context.Background(), msg); stays <- r }()
+	wait.For(t, 10*time.Second, "the first copy's attempt recorded", func() bool {
+		return f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`) == 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // the pause asks whether it is wanted every second
+	defer cancel()
+	type answer struct {
+		r   billing.Result
+		err error
+	}
+	gaveUp := make(chan answer, 1)
+	go func() { r, err := proc.Handle(ctx, msg); gaveUp <- answer{r, err} }()
+	select {
+	case a := <-gaveUp:
+		if a.r.Outcome != billing.Pending || a.err == nil {
+			t.Fatalf("the copy whose context ended: %v, %v; want pending with a reason", a.r.Outcome, a.err)
+		}
+	case <-time.After(3 * time.Second):
+		payer.SetPaused(false) // let it go, so that the test ends
+		t.Fatal("the copy whose context ended still waits for the charge the pause holds")
+	}
+	if n := f.psp.Stats().Requests; n != 0 {
+		t.Fatalf("%d requests sent while paused", n)
+	}
+	payer.SetPaused(false)
+	select {
+	case r := <-stays:
+		if r.Outcome != billing.Charged {
+			t.Errorf("the copy that stayed: %v, want charged", r.Outcome)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the copy that stayed was not answered after the resume")
+	}
+	if n := f.psp.Stats().Requests; n != 1 {
+		t.Errorf("%d requests, want 1", n)
 	}
 }
 

@@ -5,9 +5,10 @@ import (
 	"sync"
 )
 
-// queue is where work waits for a writer: events for a claim, answered
-// calls for a settle, each pushed by the goroutine that handles its event,
-// which then blocks until a writer has recorded it. A writer takes
+// queue is where work waits for a writer: events for a claim, pushed by
+// the goroutine that handles the event (Handle), and answered calls for a
+// settle, pushed by the caller that sent the request; the event's
+// goroutine blocks until a writer has recorded what it waits for. A writer takes
 // whatever is waiting, up to a batch, in one transaction: alone when
 // billing is idle, so nothing waits for a batch to fill, and many together
 // under load, so the transactions per event fall as the load rises (group

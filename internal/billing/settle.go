@@ -104,7 +104,7 @@ func (s *settler) settleBatch(ctx context.Context, calls []*call) (unsettled []*
 // its waiters left Pending, as a failed claim leaves them.
 func (p *Processor) settleLater(c *call) {
 	if !c.sent {
-		p.abandon(c, c.settleErr)
+		p.end(c, c.settleErr)
 		return
 	}
 	p.metrics.Retries.WithLabelValues("database").Inc()

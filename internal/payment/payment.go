@@ -267,7 +267,11 @@ func (c *Client) charge(ctx context.Context, r Request) (Outcome, error) {
 		return Outcome{}, Transient("circuit_open", 0, ErrCircuitOpen)
 	}
 	started := time.Now()
-	out, err := c.proto.Charge(ctx, doer{c: c, limit: maxAnswer, paced: true, creates: true, ready: r.Ready}, r)
+	last := r.Ready
+	if r.Leave != nil {
+		last = r.Leave
+	}
+	out, err := c.proto.Charge(ctx, doer{c: c, limit: maxAnswer, paced: true, creates: true, ready: last}, r)
 	if u := unsentOf(err); u != nil {
 		c.breaker.release(probe)
 		return Outcome{}, u
