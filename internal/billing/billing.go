@@ -326,8 +326,6 @@ func (p *Processor) Run(ctx context.Context) {
 // event's request was already sent: that one is answered and settled
 // first, whoever asked for it, and its outcome is the caller's.
 func (p *Processor) Handle(ctx context.Context, m Message) (Result, error) {
-	// The caller's goroutine waits in the frames below for as long as the
-	// event is in flight: they hold pointers, the event is on the heap.
 	t := p.newTry(ctx, &m)
 	err := p.handle(t)
 	return t.res, err

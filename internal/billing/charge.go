@@ -71,8 +71,10 @@ type call struct {
 	a       charge.Row
 	trace   trace.SpanContext // of the first event waiting for it
 	fromRow bool              // read pending from the table, not recorded by this claim
-	// waiters are the tries waiting for the attempt to be settled; more
-	// may join while it is in flight (guarded by settler.mu).
+	// waiters are the tries that joined the call, more of them while it
+	// is in flight: its request is sent while one of them still wants it
+	// (wanted); one that gave up stays, and says so (try.gone) (guarded by
+	// settler.mu).
 	waiters []*try
 	// countedFor is the waiter whose message counts the outcome when this
 	// process settles it: the first copy of the attempt's own event; nil

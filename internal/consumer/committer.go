@@ -326,7 +326,7 @@ func (s *saving) rewind(ctx context.Context, to int64) {
 // never moves back.
 type tracker struct {
 	mu      sync.Mutex
-	entries []entry // ascending offsets; entries[head:] are not yet marked
+	entries []entry // ascending offsets; entries[head:] are past the finished prefix
 	head    int
 	// end is the next offset after the finished prefix, -1 before the
 	// first (the committers start it there); written under mu.
