@@ -1,25 +1,29 @@
 // Package billing charges each confirmed order exactly once in effect.
 //
 // Kafka delivers at least once, and a payment provider's answer can be lost
-// after it charged. Billing takes each event through three phases, and
-// never holds a database transaction open while the provider thinks:
+// after it charged. Handle takes one event through three phases, top-down,
+// and returns its outcome; it never holds a database transaction open
+// while the provider thinks:
 //
 //  1. Claim (claim.go, one short transaction): record the event in the
 //     dedup store and, for a first-seen event, a charge attempt in state
 //     pending that holds the whole provider request. That row is the
 //     recovery point.
 //  2. Charge (charge.go, no transaction): call the provider for the
-//     attempt, with Idempotency-Key = eventId, as soon as the claim
-//     committed and the payment client has a slot.
+//     attempt, with Idempotency-Key = eventId, once the payment client
+//     gives the request its turn.
 //  3. Settle (settle.go, one short transaction): record the answer
-//     (succeeded, declined, rejected) and its outcome event. Only then may
-//     the caller mark the offset.
+//     (succeeded, declined, rejected, in progress) and its outcome event.
+//     Only then may the caller mark the offset.
 //
-// Events travel one by one, each at its own pace: one slow answer holds no
-// other event. The transactions are shared: a few writers each take
-// whatever events wait for a claim, or answers for a settle, and record
-// them together (queue.go), so under load one transaction serves many
-// events of many partitions.
+// Each event goes at its own pace, on its caller's goroutine: one slow
+// answer holds no other event. The transactions are shared: the claim and
+// the settle each wait in a queue (queue.go) that a few writers (Run) empty
+// into one transaction for whatever waits, so under load one transaction
+// serves many events of many partitions. An attempt is asked of the
+// provider by one call at a time in this process: an event that needs an
+// attempt another event (or recovery) is completing waits for that call's
+// settle instead of asking again.
 //
 // Any worker can complete any pending attempt from its row alone: the same
 // key and body make the provider replay its stored answer. So a redelivered
@@ -27,7 +31,9 @@
 // pending attempt for its order completes that one first and is then
 // claimed again, and maintenance (Recover) completes attempts a crash left
 // behind. An attempt older than the provider's idempotency window is never
-// retried blindly: it is reported for a human.
+// retried blindly: it is reported for a human. A provider's notification
+// (Notify), a lookup (Recoverer) and an operator's verdict (Hand) enter the
+// same settle.
 package billing
 
 import (
@@ -53,91 +59,6 @@ import (
 	"example.com/billing/internal/order"
 	"example.com/billing/internal/payment"
 )
-
-// Outcome is what became of one message. Charged and Declined are reported
-// once per settled attempt, for the message whose try recorded it as
-// counted (charge.counted_by); other copies of the event are Duplicates.
-type Outcome int
-
-const (
-	// Pending: not finished; the message must be retried and its offset must
-	// not be marked.
-	Pending Outcome = iota
-	// Charged: the provider charged the order and the charge was recorded.
-	Charged
-	// Duplicate: the event was already processed by this consumer group.
-	Duplicate
-	// AlreadyCharged: a different event for an order that already has a
-	// succeeded charge; recorded as processed, not charged.
-	AlreadyCharged
-	// Declined: the provider declined the payment; recorded, not retried.
-	Declined
-	// Parked: the event cannot be processed as it is and belongs in the
-	// dead-letter topic; Result.Reason says why. Its metric label is the
-	// contract's "invalid", whatever the reason (stale, mismatched and
-	// provider-rejected events too), counted by the dead-letter writer
-	// once parked; billing_dlq_messages_total{reason} tells them apart.
-	Parked
-	// InProgress: the message is finished, its outcome decided later: the
-	// provider holds its payment without a verdict (in_progress), or the
-	// event waits for another attempt of its order that the provider
-	// holds. The settle that records the outcome counts it (charge.deferred).
-	InProgress
-)
-
-// String returns the outcome's metric label.
-func (o Outcome) String() string {
-	switch o {
-	case Pending:
-		return "pending"
-	case Charged:
-		return metrics.OutcomeCharged
-	case Duplicate:
-		return metrics.OutcomeDuplicate
-	case AlreadyCharged:
-		return metrics.OutcomeAlreadyCharged
-	case Declined:
-		return metrics.OutcomeDeclined
-	case Parked:
-		return metrics.OutcomeInvalid
-	case InProgress:
-		return "in_progress"
-	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
-}
-
-// Result is the fate of one event.
-type Result struct {
-	Outcome Outcome
-	// Reason, for Parked: its code and the rule that failed, for a human.
-	Reason reason.Reason
-	Event  order.Event
-	// Recorded is, for a Duplicate, what the charge table holds for the
-	// event itself (Charged, Declined), or Pending when it holds nothing.
-	Recorded Outcome
-
-	trace trace.SpanContext
-	// counter is what charge.counted_by holds when this message's try
-	// counts the event's outcome (see Processor.counter).
-	counter string
-}
-
-// announced reports whether r is an event parked for a reason of its own
-// (stale-event, payload-mismatch, no-payment-method), whose
-// payment.failed.v1 outcome the claim records so that the order service
-// does not wait for it for ever (a provider-rejected one's is recorded by
-// its settle).
-func (r Result) announced() bool {
-	switch r.Reason.Code {
-	case reason.StaleEvent, reason.PayloadMismatch, reason.NoPaymentMethod:
-		return r.Outcome == Parked
-	}
-	return false
-}
-
-func (r *Result) park(code reason.Code, detail string) {
-	r.Outcome, r.Reason = Parked, reason.Reason{Code: code, Detail: detail}
-}
 
 // Payer charges through the payment provider (payment.Client). Its errors
 // are transient: what the provider said is the Outcome.
@@ -219,7 +140,7 @@ type Message struct {
 	Fence Fence
 }
 
-// Processor turns Kafka message values into charges.
+// Processor charges the events of consumed messages (Handle).
 type Processor struct {
 	// settler runs the transactions and settles the calls, keeping one
 	// call per attempt: the processor's Recoverer shares it.
@@ -230,7 +151,7 @@ type Processor struct {
 
 	// claims holds the events waiting for a claim, settles the calls
 	// waiting for their settle; writers of each run their transactions.
-	claims  *queue[*job]
+	claims  *queue[*claimant]
 	settles *queue[*call]
 	writers int
 	// callers send the calls' requests, as many at once as the payer
@@ -253,9 +174,9 @@ type Processor struct {
 // that it stays short.
 const maxBatch = 128
 
-// maxRounds bounds how often one event is claimed again while other
-// attempts of its order come first; past it the event is left pending for
-// the caller's retry.
+// maxRounds bounds the claims of one Handle, while other attempts of its
+// order come first; past it the event is left pending for the caller's
+// retry.
 const maxRounds = 8
 
 // NewProcessor returns a Processor that records in db, deduplicates with
@@ -265,9 +186,8 @@ const maxRounds = 8
 // left pending.
 func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon, m *metrics.Metrics, tp trace.TracerProvider, log *slog.Logger) *Processor {
 	p := &Processor{settler: newSettler(db, payer, horizon.ResolveAfter, m, tp, log), dedup: store, payer: payer, horizon: horizon,
-		claims: newQueue[*job](), settles: newQueue[*call](), writers: max(1, db.Stats().MaxOpenConnections/4),
+		claims: newQueue[*claimant](), settles: newQueue[*call](), writers: max(1, db.Stats().MaxOpenConnections/4),
 		callers: &callers{}, instance: uuid.Must(uuid.NewV4()).String()}
-	p.onSettled = p.decide
 	if b, ok := payer.(concurrencyBound); ok {
 		p.callers.limit = b.Concurrency()
 	}
@@ -278,48 +198,6 @@ func NewProcessor(db *sqlx.DB, store *dedup.Store, payer Payer, horizon Horizon,
 // disk, no memory: postgres.Refuses), nil while it takes them. A server in
 // that state answers every other check; readiness asks this.
 func (p *Processor) WriteRefusal() error { return p.writes.Err() }
-
-// job is one message on its way through claim → charge → settle.
-type job struct {
-	msg     Message
-	res     Result
-	ctx     context.Context // the caller's: once it ends, the job goes back Pending unsent
-	done    func(Result, error)
-	metrics *metrics.Metrics
-	// rounds counts the job's claims: an event waiting for another attempt
-	// of its order is claimed again once that attempt is settled.
-	rounds int
-}
-
-// finish hands the job's result to its caller, with why it is Pending, and
-// counts it where it was decided: a decided event by its outcome (a parked
-// one is counted by the dead-letter writer once parked), an event left
-// pending by a failure as a retry by its cause.
-func (j *job) finish(err error) {
-	switch j.res.Outcome {
-	case Pending:
-		if err != nil && j.ctx.Err() == nil && !errors.Is(err, ErrStopped) && !errors.Is(err, errFenced) { // not the caller giving up
-			j.metrics.Retries.WithLabelValues(retryCause(err)).Inc()
-		}
-	case Parked, InProgress:
-		err = nil // a parked one is counted once parked, one in progress once settled
-	default:
-		err = nil
-		j.metrics.Events.WithLabelValues(j.res.Outcome.String()).Inc()
-		j.metrics.EndToEnd.Observe(time.Since(j.res.Event.OccurredAt).Seconds())
-	}
-	j.done(j.res, err)
-}
-
-// retryCause labels a failure that leaves an event pending in
-// billing_retries_total: the provider's, or the database's.
-func retryCause(err error) string {
-	var te *payment.TransientError
-	if errors.As(err, &te) {
-		return "payment"
-	}
-	return "database"
-}
 
 // ErrStopped: the processor stopped (Run returned) before the event was
 // decided; it is left Pending.
@@ -344,148 +222,248 @@ func (p *Processor) Run(ctx context.Context) {
 		})
 	}
 	wg.Wait()
-	for _, j := range p.claims.close() {
-		j.finish(ErrStopped)
+	for _, cl := range p.claims.close() {
+		cl.claimed(ErrStopped)
 	}
 	for _, c := range p.settles.close() {
-		p.abandon(c, ErrStopped)
+		p.end(c, ErrStopped)
 	}
 }
 
-// Submit starts m's event on its way and returns at once; done is called
-// once, from another goroutine, with its result: decided (charged,
-// declined, a duplicate, parked), or Pending with the reason, for the
-// caller to retry later (the retry resumes the recorded attempt under the
-// same key).
-func (p *Processor) Submit(ctx context.Context, m Message, done func(Result, error)) {
-	j := p.newJob(ctx, m, done)
-	if j.res.Outcome == Parked && !j.res.announced() {
-		j.finish(nil) // nothing to record
-		return
-	}
-	if !p.claims.push(j) {
-		j.finish(ErrStopped)
-	}
+// Handle takes m's event through the phases and returns its outcome:
+// decided (Charged, Declined, Duplicate, AlreadyCharged, Parked,
+// InProgress), or Pending with the reason, for the caller to retry later
+// (the retry resumes the recorded attempt under the same key).
+//
+// It runs on the caller's goroutine and blocks: on the claim and the
+// settle, which wait for a writer to record them with others (Run), and on
+// the provider's answer. It returns Pending once ctx ends, unless the
+// event's request was already sent: that one is answered and settled
+// first, whoever asked for it, and its outcome is the caller's.
+func (p *Processor) Handle(ctx context.Context, m Message) (Result, error) {
+	t := p.newTry(ctx, &m)
+	err := p.handle(t)
+	return t.res, err
 }
 
-// The round: a job is claimed (claim.go); follow sends it on to the call
-// of the attempt it needs (charge.go); once that call is settled
-// (settle.go), decide finishes the job or claims it again.
+// handle runs t, unless the horizon parked it (nothing to record), and
+// counts its result.
+func (p *Processor) handle(t *try) error {
+	if t.res.Outcome == Parked && !t.res.announced() {
+		return t.tally(nil)
+	}
+	cl := t.claimant()
+	return t.tally(p.phases(t, cl, p.toClaim(cl)))
+}
 
-// follow sends the claimed jobs on: the decided ones are finished, the
-// others wait for the call of the attempt they need, and those whose
-// attempt was not recorded after all are claimed again.
-func (p *Processor) follow(ctx context.Context, jobs []*job, pl *plan) {
-	needed := map[uuid.UUID]*call{}
-	var order []*call
-	for _, j := range jobs { // batch order: the first waiting event traces the call
-		id, waits := pl.waits[j]
-		if !waits {
-			if j.res.Outcome != Pending {
-				j.finish(nil)
-			} else {
-				p.again(j) // decided in no way by this claim: claim it again
+// try is one Handle of a message: its event on its way through the
+// phases.
+type try struct {
+	ctx     context.Context // the caller's: once it ends, nothing more is sent for the try
+	fence   Fence           // the message's (Message.Fence)
+	metrics *metrics.Metrics
+	res     Result // what became of the event so far (its goroutine's)
+	// counter and trace are res's, for the calls the try waits for to
+	// read from their own goroutines.
+	counter string
+	trace   trace.SpanContext
+}
+
+// newTry checks m's event against the horizon: an event billing cannot
+// judge is parked before any claim (whose failure the claim records).
+func (p *Processor) newTry(ctx context.Context, m *Message) *try {
+	t := &try{ctx: ctx, fence: m.Fence, metrics: p.metrics, counter: p.counter(m), trace: m.Trace}
+	t.res.Event, t.res.trace, t.res.counter = m.Event, t.trace, t.counter
+	if code, detail := p.outsideHorizon(m.Event, p.now()); code != "" {
+		t.res.park(code, detail)
+	}
+	return t
+}
+
+// claimant is a try waiting for a claim's verdict. A claim writer decides
+// on res, its copy of the try's result, and hands it back with the call
+// of the attempt the event needs completed (its own, or another event's
+// of its order; nil when the claim decided the event or left it
+// undecided), or why the claim failed, by closing decided. The try may
+// stop waiting first (its caller gave up): the writer then works on what
+// nobody reads.
+type claimant struct {
+	t       *try // asked whether it is still wanted (gone), never written
+	res     Result
+	call    *call
+	err     error
+	decided chan struct{}
+}
+
+func (t *try) claimant() *claimant {
+	return &claimant{t: t, res: t.res, decided: make(chan struct{})}
+}
+
+// claimed hands cl the claim's verdict (res and call set) or why the claim
+// failed.
+func (cl *claimant) claimed(err error) {
+	cl.err = err
+	close(cl.decided)
+}
+
+// toClaim queues cls for a claim, in order: one writer takes the ones
+// pushed together into one transaction.
+func (p *Processor) toClaim(cls ...*claimant) error {
+	if !p.claims.push(cls...) {
+		return ErrStopped
+	}
+	return nil
+}
+
+// phases runs t's rounds, cl being queued for its claim (unless queued
+// says why not): the claim's verdict; for an event that needs an attempt
+// completed, its charge and settle, and then what the settled attempt
+// means for the event. An event that waited for another attempt of its
+// order, or whose attempt someone else settled, is claimed again, and
+// the next claim decides it.
+func (p *Processor) phases(t *try, cl *claimant, queued error) error {
+	if queued != nil {
+		return queued
+	}
+	for round := 1; ; round++ {
+		select {
+		case <-cl.decided:
+		case <-t.ctx.Done():
+			return t.ctx.Err() // a claim under way commits without it; the retry resumes
+		}
+		if cl.err != nil {
+			return cl.err
+		}
+		t.res = cl.res
+		again := t.res.Outcome == Pending // decided in no way by this claim: claim it again
+		if cl.call != nil {
+			var err error
+			if again, err = p.complete(t, cl.call); !again {
+				return err
 			}
-			continue
 		}
-		c, ok := pl.calls[id]
-		if !ok {
-			p.again(j) // an attempt that was not recorded after all
-			continue
+		if !again {
+			return nil
 		}
-		if _, started := needed[id]; !started {
-			needed[id] = c
-			order = append(order, c)
-			c.trace = j.res.trace
+		if round == maxRounds {
+			// Other partitions keep putting attempts in front of this order.
+			return fmt.Errorf("billing: event %s still waits behind other attempts of order %d", t.res.Event.ID, t.res.Event.OrderID)
 		}
-		c.waiters = append(c.waiters, j)
-		if id == j.res.Event.ID && c.countedFor == nil {
-			c.countedFor = j // its own event's first copy counts the outcome
+		cl = t.claimant()
+		if err := p.toClaim(cl); err != nil {
+			return err
 		}
-	}
-	// The pending attempts of orders whose events all decided otherwise
-	// are left to their own events and to maintenance.
-	p.skipSettled(ctx, order)
-	for _, c := range order {
-		p.send(ctx, c)
 	}
 }
 
-// decide sends on j, which waited for c, now settled.
-func (p *Processor) decide(c *call, j *job) {
-	own := c.a.EventID == j.res.Event.ID
-	switch {
-	case c.expired:
-		// Parked; the claim records its failure, under its order's lock.
-		j.res.park(reason.StaleEvent, expiredDetail(c.a, own, p.horizon.ProviderWindow))
-		if !p.claims.push(j) {
-			j.finish(ErrStopped)
+// complete has t's event wait for the attempt of c completed: by a call t
+// leads when no call of this process is completing it (t starts its
+// request, phase 2, which goes on to its settle, phase 3), else by the
+// call that is. It then decides what the settled attempt means for t, or
+// says that a new claim must (again).
+func (p *Processor) complete(t *try, c *call) (again bool, err error) {
+	c, lead := p.join(c, t)
+	if lead {
+		p.send(t, c)
+	}
+	select {
+	case <-c.ended:
+	case <-t.ctx.Done():
+		if !p.hasLeft(c) {
+			return false, t.ctx.Err() // nothing sent for it: left pending
 		}
+		<-c.ended // sent: its answer is settled, and the outcome is the caller's
+	}
+	return p.decide(c, t)
+}
+
+// decide says what c, settled (or given up), means for t's event: its
+// outcome, Pending with why, or that a new claim decides it (again).
+func (p *Processor) decide(c *call, t *try) (again bool, err error) {
+	own := c.a.EventID == t.res.Event.ID
+	switch {
+	case c.gaveUp != nil:
+		return false, c.gaveUp // not settled: the attempt stays as the table has it
+	case c.expired:
+		// Parked; the next claim records its failure, under its order's lock.
+		t.res.park(reason.StaleEvent, expiredDetail(c.a, own, p.horizon.ProviderWindow))
+		return true, nil
 	case c.a.Status == charge.Pending:
-		j.finish(cmp.Or(c.err, c.unanswered(), errUnanswered)) // still unanswered: the caller retries
+		return false, cmp.Or(c.err, c.unanswered(), errUnanswered) // still unanswered: the caller retries
 	case !own:
-		p.again(j) // the order's other attempt is settled or in progress: decide now
+		return true, nil // the order's other attempt is settled or in progress: decide now
 	case c.a.Status == charge.InProgress:
 		// The provider holds the payment; its notification or a lookup
 		// settles it, and that settle counts it.
-		j.res.Outcome = InProgress
-		j.finish(nil)
+		t.res.Outcome = InProgress
 	case c.a.Status == charge.Rejected:
 		detail := "the provider refused the request"
 		if c.a.LastError != nil {
 			detail = *c.a.LastError
 		}
-		j.res.park(reason.ProviderRejected, detail)
-		j.finish(nil)
-	case c.settledHere && c.counted == j && !c.a.Deferred:
-		j.res.Outcome = outcomeOf(c.a.Status)
-		j.finish(nil)
+		t.res.park(reason.ProviderRejected, detail)
+	case c.settledHere && c.counted == t && !c.a.Deferred:
+		t.res.Outcome = outcomeOf(c.a.Status)
 	default:
 		// Settled by another worker (a copy of the event, another event
-		// of the order, maintenance, a notification), or j is a second
+		// of the order, maintenance, a notification), or t is a second
 		// copy, or its outcome was counted when its first copy's message
 		// was finished in progress: the next claim decides which message
 		// counts it.
-		p.again(j)
+		return true, nil
 	}
+	return false, nil
 }
 
 // errUnanswered: an attempt is still pending and nothing says why.
 var errUnanswered = errors.New("billing: the charge attempt is still unanswered")
 
-// again claims j once more, after the attempt it waited for was settled.
-func (p *Processor) again(j *job) {
-	if j.rounds++; j.rounds > maxRounds {
-		// Other partitions keep putting attempts in front of this order.
-		j.finish(fmt.Errorf("billing: event %s still waits behind other attempts of order %d", j.res.Event.ID, j.res.Event.OrderID))
-		return
+// tally counts t's result where it was decided and returns why it is
+// Pending (nil when it is not): a decided event by its outcome (a parked
+// one is counted by the dead-letter writer once parked), an event left
+// pending by a failure as a retry by its cause.
+func (t *try) tally(err error) error {
+	if err != nil {
+		// Nothing recorded what the result says so far: a parked event's
+		// failure outcome, say, whose claim did not commit. It is decided
+		// only once that is recorded.
+		t.res.Outcome, t.res.Reason = Pending, reason.Reason{}
 	}
-	if !p.claims.push(j) {
-		j.finish(ErrStopped)
+	switch t.res.Outcome {
+	case Pending:
+		if err != nil && t.ctx.Err() == nil && !errors.Is(err, ErrStopped) && !errors.Is(err, errFenced) { // not the caller giving up
+			t.metrics.Retries.WithLabelValues(retryCause(err)).Inc()
+		}
+	case Parked, InProgress:
+		err = nil // a parked one is counted once parked, one in progress once settled
+	default:
+		err = nil
+		t.metrics.Events.WithLabelValues(t.res.Outcome.String()).Inc()
+		t.metrics.EndToEnd.Observe(time.Since(t.res.Event.OccurredAt).Seconds())
 	}
+	return err
 }
 
-// newJob checks m's event against the horizon: an event billing cannot
-// judge is parked before any claim (whose failure the claim records).
-func (p *Processor) newJob(ctx context.Context, m Message, done func(Result, error)) *job {
-	j := &job{msg: m, ctx: ctx, done: done, metrics: p.metrics}
-	j.res.Event, j.res.trace, j.res.counter = m.Event, m.Trace, p.counter(m)
-	if code, detail := p.outsideHorizon(m.Event, p.now()); code != "" {
-		j.res.park(code, detail)
+// retryCause labels a failure that leaves an event pending in
+// billing_retries_total: the provider's, or the database's.
+func retryCause(err error) string {
+	var te *payment.TransientError
+	if errors.As(err, &te) {
+		return "payment"
 	}
-	return j
+	return "database"
 }
 
-// live finishes the jobs whose caller gave up or whose fence no longer
-// holds, and returns the others.
-func live(jobs []*job) []*job {
-	out := jobs[:0]
-	for _, j := range jobs {
-		if err := j.gone(); err != nil {
-			j.finish(err)
+// live hands their verdict to the claimants whose caller gave up or whose
+// fence no longer holds, and returns the others.
+func live(cls []*claimant) []*claimant {
+	out := cls[:0]
+	for _, cl := range cls {
+		if err := cl.t.gone(); err != nil {
+			cl.claimed(err)
 			continue
 		}
-		out = append(out, j)
+		out = append(out, cl)
 	}
 	return out
 }
@@ -494,13 +472,13 @@ func live(jobs []*job) []*job {
 // does not hold); it is left Pending, for the partition's next owner.
 var errFenced = errors.New("billing: the message's partition may be another consumer's; left to its next owner")
 
-// gone says why j's caller no longer wants it sent: its context ended, or
+// gone says why t's caller no longer wants it sent: its context ended, or
 // its fence does not hold; nil while it does.
-func (j *job) gone() error {
-	if err := j.ctx.Err(); err != nil {
+func (t *try) gone() error {
+	if err := t.ctx.Err(); err != nil {
 		return err
 	}
-	if f := j.msg.Fence; f != nil && !f.Holds() {
+	if t.fence != nil && !t.fence.Holds() {
 		return errFenced
 	}
 	return nil
@@ -512,7 +490,7 @@ func (j *job) gone() error {
 // hex: the settle writes it into every attempt it settles, and the 90
 // characters it hashes were a third of the settle's bytes of WAL. Two
 // tries collide once in 2^64.
-func (p *Processor) counter(m Message) string {
+func (p *Processor) counter(m *Message) string {
 	id := m.ID
 	if id == "" {
 		id = uuid.Must(uuid.NewV4()).String()

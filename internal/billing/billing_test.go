@@ -412,6 +412,35 @@ func TestProcess_EventsOutsideTheDedupHorizonAreParked(t *testing.T) {
 	}
 }
 
+// A stale event is parked with a payment.failed.v1 outcome that its claim
+// records: until that claim commits it is not parked, or the consumer would
+// dead-letter it and the order service would never hear of it.
+func TestHandle_AStaleEventIsParkedOnlyOnceItsFailureIsRecorded(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	id, err := order.NewIDAt(time.Now().Add(-8 * 24 * time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, _ := newEvent(t, 77, time.Now())
+	ev.ID = id
+	msg := messages(marshal(t, ev))[0]
+
+	stopped, ctx, stop := f.stoppable(t)
+	stop() // its writers gone: no claim commits
+	res, err := stopped.Handle(ctx, msg)
+	if res.Outcome != billing.Pending || !errors.Is(err, billing.ErrStopped) {
+		t.Fatalf("with no claim recorded: %v (%q), %v; want pending, %v", res.Outcome, res.Reason.String(), err, billing.ErrStopped)
+	}
+
+	res, err = f.proc.Handle(context.Background(), msg)
+	if err != nil || res.Outcome != billing.Parked || res.Reason.Code != reason.StaleEvent {
+		t.Fatalf("once claimed: %v (%q), %v; want parked stale-event", res.Outcome, res.Reason.String(), err)
+	}
+	if got := f.count(t, `SELECT count(*) FROM outbox WHERE causation_id = $1 AND event_type = 'payment.failed.v1'`, ev.ID); got != 1 {
+		t.Errorf("%d payment.failed.v1 outcomes recorded, want 1", got)
+	}
+}
+
 func TestProcess_SameIDWithAnotherPayloadIsParkedUncharged(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	ev, value := newEvent(t, 5, time.Now())
@@ -481,7 +510,7 @@ func TestProcess_ABacklogOfOldEventsAsksTheProviderOncePerEvent(t *testing.T) {
 		ev.ID = id
 		values = append(values, marshal(t, ev))
 	}
-	for i, r := range submitted(t, f.proc, values...)() {
+	for i, r := range handled(t, f.proc, values...)() {
 		if r.Outcome != billing.Charged {
 			t.Errorf("event %d: %v, want charged", i, r.Outcome)
 		}

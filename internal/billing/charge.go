@@ -60,18 +60,33 @@ func outcomeOf(status string) Outcome {
 }
 
 // call is one attempt this process completes: phase 2's request and
-// answer, then what phase 3 recorded, and the events waiting for it.
+// answer, then what phase 3 recorded, and the tries waiting for it. It is
+// the one call of its attempt in this process (settler.active) from join
+// or activate until ended is closed: settled, or given up.
 type call struct {
+	// id is the attempt's event id, a.EventID, fixed at construction: a
+	// claim hands one call to every copy of its event in the batch, so
+	// join and end read it while the call's settle rewrites a.
+	id      uuid.UUID
 	a       charge.Row
 	trace   trace.SpanContext // of the first event waiting for it
 	fromRow bool              // read pending from the table, not recorded by this claim
-	// waiters are the events decided once the attempt is settled; more
-	// may join while it is in flight (guarded by settler.mu).
-	waiters []*job
+	// waiters are the tries that joined the call, more of them while it
+	// is in flight: its request is sent while one of them still wants it
+	// (wanted); one that gave up stays, and says so (try.gone) (guarded by
+	// settler.mu).
+	waiters []*try
 	// countedFor is the waiter whose message counts the outcome when this
 	// process settles it: the first copy of the attempt's own event; nil
-	// when none waits for it here.
-	countedFor *job
+	// when none waits for it here (guarded by settler.mu).
+	countedFor *try
+	// left: the request is on its way to the provider (its Leave passed),
+	// so it is answered and settled whoever still waits (guarded by
+	// settler.mu).
+	left bool
+	// over: ended is closed (guarded by settler.mu).
+	over  bool
+	ended chan struct{}
 
 	sent bool // the request went out (or, for a notification or a lookup, the answer came)
 	// requests is 1 when the answer is a provider request's, 0 for a
@@ -89,16 +104,19 @@ type call struct {
 	// last did: the answer is kept and settled again, never asked again.
 	settles   int
 	settleErr error
+	// gaveUp, once ended is closed, says why the call was given up
+	// unsettled (end with an error): its attempt stays as the table has it.
+	gaveUp error
 	// counted is countedFor as the settle found it when it began: the
 	// waiter its update recorded as counting the outcome.
-	counted *job
+	counted *try
 	// settledHere: the settle moved the attempt out of pending; otherwise
 	// another worker recorded the answer first.
 	settledHere bool
 }
 
 func newCall(a charge.Row, fromRow bool) *call {
-	return &call{a: a, fromRow: fromRow}
+	return &call{id: a.EventID, a: a, fromRow: fromRow, ended: make(chan struct{})}
 }
 
 // answered records the answer of c's request.
@@ -116,55 +134,134 @@ func (c *call) unanswered() error {
 	return nil
 }
 
-// send runs phase 2 for c: its request, with no transaction open, as soon
-// as the payment client has a slot (PAYMENT_MAX_CONCURRENCY,
-// PAYMENT_MAX_RPS); the answer goes to a settle. The request is sent only
-// if one of c's waiters still wants it then (wanted), and runs under ctx,
-// the processor's, not a waiter's: once sent, it is answered and settled
-// whatever becomes of the messages (a partition revoked, a shutdown within
-// its drain). An attempt this process is already completing is not asked
-// twice: c's waiters wait for that call instead. send reports whether c
-// itself went on.
-func (p *Processor) send(ctx context.Context, c *call) bool {
-	if !p.activate(c) {
+// join makes t wait for c's attempt: c becomes the attempt's call and t
+// its leader, which sends the request (lead), unless a call of this
+// process completes the attempt already (another event's, recovery's),
+// which t waits for instead. A call that ended is not started again: t
+// reads what it recorded.
+func (s *settler) join(c *call, t *try) (joined *call, lead bool) {
+	id := c.id
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if busy, ok := s.active[id]; ok {
+		c = busy
+	} else if !c.over {
+		s.active[id] = c
+		lead = true
+	}
+	c.waiters = append(c.waiters, t)
+	if c.countedFor == nil && id == t.res.Event.ID {
+		c.countedFor = t // its own event's first copy counts the outcome
+	}
+	return c, lead
+}
+
+// activate registers c, which no event waits for (recovery's), as the call
+// completing its attempt and reports true, or false when another call does
+// so already.
+func (s *settler) activate(c *call) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.active[c.id]; ok {
 		return false
 	}
-	id := c.a.EventID
+	s.active[c.id] = c
+	return true
+}
+
+// hasLeft reports whether c's request went to the provider.
+func (s *settler) hasLeft(c *call) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return c.left
+}
+
+// end closes c: it is no longer its attempt's call, and its waiters read
+// what it recorded, or, when gaveUp is not nil, why it was given up
+// unsettled: they are left Pending with it, and the attempt stays pending
+// in the table for a retry or maintenance.
+func (s *settler) end(c *call, gaveUp error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.over {
+		return
+	}
+	if s.active[c.id] == c {
+		delete(s.active, c.id)
+	}
+	c.gaveUp, c.over = gaveUp, true
+	close(c.ended)
+}
+
+// send runs phase 2 for c, which t leads: the request, with no
+// transaction open, on a caller (at most as many at once as the payment
+// client has slots, PAYMENT_MAX_CONCURRENCY), once the payment client
+// gives it its turn (PAYMENT_MAX_RPS and the fleet's share, no pause of
+// charging), and only if one of c's waiters still wants it then (wanted);
+// then c goes to its settle (phase 3). It runs under no caller's
+// cancellation: once it has left (Ready passed) it is answered (within
+// PAYMENT_TIMEOUT) and settled whatever becomes of the messages (a
+// partition revoked, a shutdown within its drain); until then its waiters
+// may give it up, and Ready then keeps it unsent.
+func (p *Processor) send(t *try, c *call) {
 	window := p.horizon.ProviderWindow
 	switch {
 	case p.now().Sub(c.a.CreatedAt) > window:
 		c.expired = true
 		p.log.Error("charge attempt older than the provider's idempotency window; not retried blindly (reconcile it)",
-			"event_id", id.String(), "order_id", c.a.OrderID, "created_at", c.a.CreatedAt, "window", window.String())
+			"event_id", c.a.EventID.String(), "order_id", c.a.OrderID, "created_at", c.a.CreatedAt, "window", window.String())
 	case c.a.Status != charge.Pending:
 		// Settled or in progress since the claim read it (skipSettled):
 		// the settle reads what was recorded.
 	default:
+		ctx := trace.ContextWithSpanContext(context.WithoutCancel(t.ctx), c.trace)
 		p.callers.do(func() {
 			if err := p.wanted(c); err != nil {
 				c.err = err // not sent: left pending
 			} else if p.resend(ctx, c) {
-				// Asked again once the request has its turn, which a rate
-				// limit can make seconds later: a partition lost meanwhile
-				// sends nothing more.
-				req := request(c.a)
-				req.Ready = func() error {
-					if err := withinWindow(p.now(), c.a, p.horizon.ProviderWindow); err != nil {
-						return err
-					}
-					return p.wanted(c)
-				}
-				c.answered(p.payer.Charge(trace.ContextWithSpanContext(ctx, c.trace), req))
-				if errors.Is(c.err, payment.ErrNotSent) {
-					c.sent = false // left pending
-				}
+				p.charge(ctx, c)
 			}
 			p.toSettle(c)
 		})
-		return true
+		return
 	}
 	p.toSettle(c)
-	return true
+}
+
+// charge asks the provider for c's attempt.
+func (p *Processor) charge(ctx context.Context, c *call) {
+	req := request(c.a)
+	// Asked again while the request waits for its turn, which a rate limit
+	// or a pause can make seconds later, and once it has it (Leave): a
+	// partition lost meanwhile sends nothing more.
+	req.Ready = func() error {
+		if err := withinWindow(p.now(), c.a, p.horizon.ProviderWindow); err != nil {
+			return err
+		}
+		return p.wanted(c)
+	}
+	req.Leave = func() error {
+		if err := withinWindow(p.now(), c.a, p.horizon.ProviderWindow); err != nil {
+			return err
+		}
+		return p.leave(c)
+	}
+	c.answered(p.payer.Charge(ctx, req))
+	if errors.Is(c.err, payment.ErrNotSent) {
+		c.sent = false // left pending
+	}
+}
+
+// leave lets c's request go while one of its waiters still wants it: from
+// then on they wait for its settle whatever their callers do.
+func (s *settler) leave(c *call) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.wantedLocked(c); err != nil {
+		return err
+	}
+	c.left = true
+	return nil
 }
 
 // errPastWindow: an attempt's request had its turn only after the
@@ -185,12 +282,17 @@ func withinWindow(now time.Time, a charge.Row, window time.Duration) error {
 
 // wanted returns nil while one of c's waiters still wants its request sent,
 // else why none does; nil for a call without waiters.
-func (p *Processor) wanted(c *call) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+func (s *settler) wanted(c *call) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.wantedLocked(c)
+}
+
+// wantedLocked is wanted with s.mu held.
+func (s *settler) wantedLocked(c *call) error {
 	var why error
-	for _, j := range c.waiters {
-		err := j.gone()
+	for _, t := range c.waiters {
+		err := t.gone()
 		if err == nil {
 			return nil
 		}
@@ -199,42 +301,10 @@ func (p *Processor) wanted(c *call) error {
 	return why
 }
 
-// activate registers c as the call completing its attempt and reports
-// true, or hands its waiters to the call already doing so and reports
-// false.
-func (s *settler) activate(c *call) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	busy, ok := s.active[c.a.EventID]
-	if !ok {
-		s.active[c.a.EventID] = c
-		return true
-	}
-	busy.waiters = append(busy.waiters, c.waiters...)
-	if busy.countedFor == nil {
-		busy.countedFor = c.countedFor
-	}
-	return false
-}
-
 // toSettle queues c for phase 3.
 func (p *Processor) toSettle(c *call) {
 	if !p.settles.push(c) {
-		p.abandon(c, ErrStopped)
-	}
-}
-
-// abandon gives c up unsettled: its waiters are left Pending with err, and
-// the attempt stays pending in the table for a retry or maintenance.
-func (s *settler) abandon(c *call, err error) {
-	s.mu.Lock()
-	if s.active[c.a.EventID] == c {
-		delete(s.active, c.a.EventID)
-	}
-	waiters := c.waiters
-	s.mu.Unlock()
-	for _, j := range waiters {
-		j.finish(err)
+		p.end(c, ErrStopped)
 	}
 }
 
@@ -244,10 +314,10 @@ func (s *settler) abandon(c *call, err error) {
 // again would be answered from the provider's store, but costs a request
 // of the provider's rate limit for nothing. (A race that slips between
 // this check and the request is still safe: same key, same body.)
-func (p *Processor) skipSettled(ctx context.Context, calls []*call) {
+func (p *Processor) skipSettled(ctx context.Context, calls map[*call]bool) {
 	var ids []uuid.UUID
 	byID := map[uuid.UUID]*call{}
-	for _, c := range calls {
+	for c := range calls {
 		if c.fromRow {
 			ids = append(ids, c.a.EventID)
 			byID[c.a.EventID] = c

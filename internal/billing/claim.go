@@ -26,7 +26,7 @@ type plan struct {
 	calls map[uuid.UUID]*call
 	// waits maps an event to the attempt it waits for: its own, or
 	// another event's attempt for its order.
-	waits map[*job]uuid.UUID
+	waits map[*claimant]uuid.UUID
 	// claimed is the number of events the claim recorded.
 	claimed int
 }
@@ -45,71 +45,89 @@ const (
 	waitHeld                     // the order's payment is in progress: wait for its verdict
 )
 
-// claimBatch runs phase 1 for jobs in one transaction and sends each on:
-// a decided event is finished, the others wait for the attempt they need,
-// which charge.go completes. When the claim fails for something outside
-// the events (the database), they are left Pending for the caller's retry.
-func (p *Processor) claimBatch(ctx context.Context, jobs []*job) {
-	jobs = live(jobs)
-	if len(jobs) == 0 {
+// claimBatch runs phase 1 for claimants cls in one transaction and hands each its
+// verdict: decided, or the call of the attempt it needs completed (its
+// own, or another event's of its order), which charge.go and settle.go
+// complete. When the claim fails for something outside the events (the
+// database), they are left Pending for the caller's retry.
+func (p *Processor) claimBatch(ctx context.Context, cls []*claimant) {
+	cls = live(cls)
+	if len(cls) == 0 {
 		return
 	}
-	pl, err := p.claim(ctx, jobs)
+	pl, err := p.claim(ctx, cls)
 	var dropped *droppedError
 	if errors.As(err, &dropped) {
 		// Retention dropped these events' days: they cannot be judged.
 		// The claim rolled back; park them (the next claim records their
 		// failure) and claim again.
-		for _, j := range jobs {
-			if j.res.Outcome == Pending && slices.Contains(dropped.ids, j.res.Event.ID) {
-				j.res.park(reason.StaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
-					j.res.Event.IDTime().Format(time.RFC3339), dropped.before.Format(time.DateOnly)))
+		for _, cl := range cls {
+			if cl.res.Outcome == Pending && slices.Contains(dropped.ids, cl.res.Event.ID) {
+				cl.res.park(reason.StaleEvent, fmt.Sprintf("eventId time %s falls on a day whose dedup records were dropped (the store remembers from %s on); it is not charged blindly",
+					cl.res.Event.IDTime().Format(time.RFC3339), dropped.before.Format(time.DateOnly)))
 			}
 		}
-		pl, err = p.claim(ctx, jobs)
+		pl, err = p.claim(ctx, cls)
 	}
 	var refused *refusedError
 	switch {
 	case err == nil:
-		p.observeAge(jobs)
-	case errors.As(refusal(err), &refused) && len(jobs) > 1:
+		p.observeAge(cls)
+	case errors.As(refusal(err), &refused) && len(cls) > 1:
 		// Waiting will not change a constraint the claim broke: each event
 		// is claimed alone to find the one that broke it.
-		for _, j := range jobs {
-			p.claimBatch(ctx, []*job{j})
+		for _, cl := range cls {
+			p.claimBatch(ctx, []*claimant{cl})
 		}
 		return
 	case errors.As(refusal(err), &refused):
-		jobs[0].res.park(reason.InvalidEvent, refused.Error())
-		jobs[0].finish(nil)
+		cls[0].res.park(reason.InvalidEvent, refused.Error())
+		cls[0].claimed(nil)
 		return
 	default:
-		for _, j := range jobs {
-			j.finish(err)
+		for _, cl := range cls {
+			cl.claimed(err)
 		}
 		return
 	}
-	p.follow(ctx, jobs, pl)
+	// Each waiting event gets the call of its attempt; the first of them,
+	// in batch order, traces the call.
+	needed := map[*call]bool{}
+	for _, cl := range cls {
+		if id, waits := pl.waits[cl]; waits {
+			if c, ok := pl.calls[id]; ok { // not recorded after all: claimed again
+				cl.call = c
+				if !needed[c] {
+					needed[c] = true
+					c.trace = cl.res.trace
+				}
+			}
+		}
+	}
+	p.skipSettled(ctx, needed)
+	for _, cl := range cls {
+		cl.claimed(nil)
+	}
 }
 
-// claim runs phase 1 for jobs in one transaction. Under the advisory locks
+// claim runs phase 1 for claimants cls in one transaction. Under the advisory locks
 // of their orders it reads the orders' attempts, records the events in the
 // dedup store and a pending attempt for each first-seen event that may
 // charge its order, records the failures of the events parked for a
 // reason of their own, and returns the plan. Events it decides at once
 // (duplicates, business duplicates, mismatches) get their Result.
-func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
+func (p *Processor) claim(ctx context.Context, cls []*claimant) (*plan, error) {
 	var c *claimTx
-	err := p.inTx(ctx, "claim", traces(jobs), func(tx *sqlx.Tx) error {
-		c = &claimTx{p: p, tx: tx, jobs: jobs, decided: map[*job]Result{},
-			pl: &plan{calls: map[uuid.UUID]*call{}, waits: map[*job]uuid.UUID{}}}
+	err := p.inTx(ctx, "claim", traces(cls), func(tx *sqlx.Tx) error {
+		c = &claimTx{p: p, tx: tx, cls: cls, decided: map[*claimant]Result{},
+			pl: &plan{calls: map[uuid.UUID]*call{}, waits: map[*claimant]uuid.UUID{}}}
 		return c.run(ctx)
 	})
 	if err != nil {
 		return nil, err
 	}
-	for j, r := range c.decided {
-		j.res = r
+	for cl, r := range c.decided {
+		cl.res = r
 	}
 	p.metrics.Batch.Observe(float64(c.pl.claimed))
 	return c.pl, nil
@@ -118,30 +136,30 @@ func (p *Processor) claim(ctx context.Context, jobs []*job) (*plan, error) {
 // claimTx is one claim transaction's work: what the orders' attempts are,
 // what each event means to do, and what the claim decided.
 type claimTx struct {
-	p    *Processor
-	tx   *sqlx.Tx
-	jobs []*job
+	p   *Processor
+	tx  *sqlx.Tx
+	cls []*claimant
 
 	byEvent map[uuid.UUID]charge.Row // the attempts read, by event
 	paid    map[int64]bool           // orders with a succeeded attempt
 	busy    map[int64]uuid.UUID      // order → the attempt this claim completes for it
 	held    map[int64]bool           // orders with an in_progress attempt
 
-	claimed []*job // the events recorded in the dedup store, in batch order
-	intents map[*job]intent
+	claimed []*claimant // the events recorded in the dedup store, in batch order
+	intents map[*claimant]intent
 	entries []dedup.Entry // claimed's, in the same order
 
-	decided map[*job]Result
+	decided map[*claimant]Result
 	pl      *plan
 }
 
 func (c *claimTx) run(ctx context.Context) error {
-	var claiming, announce []*job
-	for _, j := range c.jobs {
-		if j.res.Outcome == Parked {
-			announce = append(announce, j)
+	var claiming, announce []*claimant
+	for _, cl := range c.cls {
+		if cl.res.Outcome == Parked {
+			announce = append(announce, cl)
 		} else {
-			claiming = append(claiming, j)
+			claiming = append(claiming, cl)
 		}
 	}
 	if err := c.lockAndRead(ctx, claiming); err != nil {
@@ -156,14 +174,14 @@ func (c *claimTx) run(ctx context.Context) error {
 	return c.record(ctx, verdicts, announce)
 }
 
-// lockAndRead takes the advisory locks of every job's order, in key order,
+// lockAndRead takes the advisory locks of every claimant's order, in key order,
 // and then reads the orders' attempts and those of the claiming events:
 // after the locks, so that under READ COMMITTED this sees what the locks'
 // last holders committed.
-func (c *claimTx) lockAndRead(ctx context.Context, claiming []*job) error {
-	orderIDs := make([]int64, 0, len(c.jobs))
-	for _, j := range c.jobs {
-		orderIDs = append(orderIDs, j.res.Event.OrderID)
+func (c *claimTx) lockAndRead(ctx context.Context, claiming []*claimant) error {
+	orderIDs := make([]int64, 0, len(c.cls))
+	for _, cl := range c.cls {
+		orderIDs = append(orderIDs, cl.res.Event.OrderID)
 	}
 	slices.Sort(orderIDs)
 	orderIDs = slices.Compact(orderIDs)
@@ -171,8 +189,8 @@ func (c *claimTx) lockAndRead(ctx context.Context, claiming []*job) error {
 		return err
 	}
 	eventIDs := make([]uuid.UUID, len(claiming))
-	for i, j := range claiming {
-		eventIDs[i] = j.res.Event.ID
+	for i, cl := range claiming {
+		eventIDs[i] = cl.res.Event.ID
 	}
 	rows, err := charge.ForOrders(ctx, c.tx, orderIDs, eventIDs)
 	if err != nil {
@@ -197,11 +215,11 @@ func (c *claimTx) lockAndRead(ctx context.Context, claiming []*job) error {
 // intend decides what each event would do, in batch order, before the
 // dedup store's verdict: the first event of an order may charge it, the
 // others wait for that attempt.
-func (c *claimTx) intend(claiming []*job) {
-	c.intents = map[*job]intent{}
+func (c *claimTx) intend(claiming []*claimant) {
+	c.intents = map[*claimant]intent{}
 	seen := map[uuid.UUID]bool{}
-	for _, j := range claiming {
-		ev := j.res.Event
+	for _, cl := range claiming {
+		ev := cl.res.Event
 		own, hasOwn := c.byEvent[ev.ID]
 		var in intent
 		switch {
@@ -209,10 +227,10 @@ func (c *claimTx) intend(claiming []*job) {
 			// The dedup store judges it against the first copy.
 			in = copyInBatch
 		case hasOwn && !sameRequest(own, ev):
-			r := j.res
+			r := cl.res
 			r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s already has a charge attempt for order %d, customer %d, %d %s; not a duplicate to skip",
 				ev.ID, own.OrderID, own.CustomerID, own.Amount, own.Currency))
-			c.decided[j] = r
+			c.decided[cl] = r
 			continue
 		case hasOwn && own.Status == charge.Pending:
 			in = resume
@@ -222,7 +240,7 @@ func (c *claimTx) intend(claiming []*job) {
 			in = alreadyCharged
 		default: // a new attempt, or one more after the provider refused
 			if b, ok := c.busy[ev.OrderID]; ok {
-				c.pl.waits[j] = b // decided once that attempt is settled
+				c.pl.waits[cl] = b // decided once that attempt is settled
 				continue
 			}
 			if c.held[ev.OrderID] {
@@ -235,9 +253,9 @@ func (c *claimTx) intend(claiming []*job) {
 			}
 			c.busy[ev.OrderID] = ev.ID
 		}
-		c.intents[j] = in
+		c.intents[cl] = in
 		seen[ev.ID] = true
-		c.claimed = append(c.claimed, j)
+		c.claimed = append(c.claimed, cl)
 		c.entries = append(c.entries, dedup.Entry{ID: ev.ID, Fingerprint: ev.Fingerprint()})
 	}
 }
@@ -246,28 +264,28 @@ func (c *claimTx) intend(claiming []*job) {
 // resume or ask again, the events decided at once (counted when their own
 // attempt's outcome is theirs to count), the events that wait for their
 // order's payment in progress, and the failures to announce.
-func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce []*job) error {
-	var fresh, retried []*job // new attempts, refused ones asked again
+func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce []*claimant) error {
+	var fresh, retried []*claimant // new attempts, refused ones asked again
 	var waiting []charge.Row
-	var settledOwn []*job
-	for n, j := range c.claimed {
-		ev, in, v := j.res.Event, c.intents[j], verdicts[n]
+	var settledOwn []*claimant
+	for n, cl := range c.claimed {
+		ev, in, v := cl.res.Event, c.intents[cl], verdicts[n]
 		_, hasOwn := c.byEvent[ev.ID]
-		r := j.res
+		r := cl.res
 		switch {
 		case v == dedup.Mismatch:
 			r.park(reason.PayloadMismatch, fmt.Sprintf("eventId %s was already processed with a different payload (fingerprint %x); not a duplicate to skip",
 				ev.ID, c.entries[n].Fingerprint[:8]))
-			c.decided[j] = r
+			c.decided[cl] = r
 			continue
 		case in == resume:
 			// A redelivery or a retry of an event whose attempt is
 			// recorded: complete it under the same key.
-			c.pl.waits[j] = ev.ID
+			c.pl.waits[cl] = ev.ID
 			c.pl.calls[ev.ID] = newCall(c.byEvent[ev.ID], true)
 			continue
 		case in == retryRejected:
-			retried = append(retried, j) // a replay: asked again below
+			retried = append(retried, cl) // a replay: asked again below
 			continue
 		case in == waitHeld && (v != dedup.Seen || hasOwn):
 			// Its order's payment is in progress: decided when that is
@@ -277,7 +295,7 @@ func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce
 		case in == settled:
 			// Counted below when no message of the event counted it.
 			r.Outcome, r.Recorded = Duplicate, outcomeOf(c.byEvent[ev.ID].Status)
-			settledOwn = append(settledOwn, j)
+			settledOwn = append(settledOwn, cl)
 		case v == dedup.Seen || in == copyInBatch:
 			// Claimed before without an attempt of its own: a business
 			// duplicate then, or its attempt was settled elsewhere, or it
@@ -286,10 +304,10 @@ func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce
 		case in == alreadyCharged:
 			r.Outcome = AlreadyCharged
 		default: // newAttempt, first seen
-			fresh = append(fresh, j)
+			fresh = append(fresh, cl)
 			continue
 		}
-		c.decided[j] = r
+		c.decided[cl] = r
 	}
 	if err := c.p.count(ctx, c.tx, settledOwn, c.decided); err != nil {
 		return err
@@ -303,8 +321,8 @@ func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce
 	// The failures of the events parked for a reason of their own, under
 	// their orders' locks: announced in the order recorded.
 	var failures []outbox.Event
-	for _, j := range announce {
-		failures = append(failures, c.p.failureOf(j.res))
+	for _, cl := range announce {
+		failures = append(failures, c.p.failureOf(cl.res))
 	}
 	for _, r := range c.decided {
 		if r.announced() {
@@ -320,14 +338,14 @@ func (c *claimTx) record(ctx context.Context, verdicts []dedup.Verdict, announce
 // charges one. An event whose customer has none is parked
 // no-payment-method, with a refused attempt that a replay re-opens, and
 // nothing is sent.
-func (c *claimTx) attempts(ctx context.Context, fresh, retried []*job) error {
+func (c *claimTx) attempts(ctx context.Context, fresh, retried []*claimant) error {
 	methods, err := c.p.methodsOf(ctx, c.tx, c.rowsOf(append(slices.Clone(fresh), retried...)))
 	if err != nil {
 		return err
 	}
 	var inserted, reopened []charge.Row
-	for _, j := range append(slices.Clone(fresh), retried...) {
-		ev := j.res.Event
+	for _, cl := range append(slices.Clone(fresh), retried...) {
+		ev := cl.res.Event
 		a, isRetry := c.byEvent[ev.ID]
 		if !isRetry {
 			a = newAttemptOf(ev)
@@ -336,9 +354,9 @@ func (c *claimTx) attempts(ctx context.Context, fresh, retried []*job) error {
 			m, ok := methods[ev.CustomerID]
 			if !ok {
 				why := noMethodDetail(wallet, ev.CustomerID)
-				r := j.res
+				r := cl.res
 				r.park(reason.NoPaymentMethod, why)
-				c.decided[j] = r
+				c.decided[cl] = r
 				if !isRetry {
 					a.Status, a.LastError = charge.Rejected, &why
 					inserted = append(inserted, a)
@@ -353,7 +371,7 @@ func (c *claimTx) attempts(ctx context.Context, fresh, retried []*job) error {
 		} else {
 			inserted = append(inserted, a)
 		}
-		c.pl.waits[j] = ev.ID
+		c.pl.waits[cl] = ev.ID
 		c.pl.calls[ev.ID] = newCall(a, false)
 	}
 	if err := charge.Insert(ctx, c.tx, inserted); err != nil {
@@ -362,11 +380,11 @@ func (c *claimTx) attempts(ctx context.Context, fresh, retried []*job) error {
 	return charge.Reopen(ctx, c.tx, reopened)
 }
 
-// rowsOf is the attempts jobs' events would record.
-func (c *claimTx) rowsOf(jobs []*job) []charge.Row {
-	rows := make([]charge.Row, len(jobs))
-	for i, j := range jobs {
-		rows[i] = newAttemptOf(j.res.Event)
+// rowsOf is the attempts the events of cls would record.
+func (c *claimTx) rowsOf(cls []*claimant) []charge.Row {
+	rows := make([]charge.Row, len(cls))
+	for i, cl := range cls {
+		rows[i] = newAttemptOf(cl.res.Event)
 	}
 	return rows
 }
@@ -379,11 +397,11 @@ func (p *Processor) failureOf(r Result) outbox.Event {
 	return o
 }
 
-// traces are the spans of jobs, for a transaction serving them.
-func traces(jobs []*job) []trace.SpanContext {
-	out := make([]trace.SpanContext, len(jobs))
-	for i, j := range jobs {
-		out[i] = j.res.trace
+// traces are the spans of cls' events, for a transaction serving them.
+func traces(cls []*claimant) []trace.SpanContext {
+	out := make([]trace.SpanContext, len(cls))
+	for i, cl := range cls {
+		out[i] = cl.res.trace
 	}
 	return out
 }
@@ -395,32 +413,32 @@ func traces(jobs []*job) []trace.SpanContext {
 // process, whose commit went unanswered. It records that in
 // charge.counted_by and reports the recorded outcome; every other copy
 // stays a Duplicate.
-func (p *Processor) count(ctx context.Context, tx *sqlx.Tx, jobs []*job, decided map[*job]Result) error {
-	if len(jobs) == 0 {
+func (p *Processor) count(ctx context.Context, tx *sqlx.Tx, cls []*claimant, decided map[*claimant]Result) error {
+	if len(cls) == 0 {
 		return nil
 	}
 	var ids []uuid.UUID
 	var counters []string
 	seen := map[uuid.UUID]bool{}
-	for _, j := range jobs {
-		id := j.res.Event.ID
+	for _, cl := range cls {
+		id := cl.res.Event.ID
 		if seen[id] {
 			continue // a second copy in the batch is a duplicate
 		}
 		seen[id] = true
 		ids = append(ids, id)
-		counters = append(counters, j.res.counter)
+		counters = append(counters, cl.res.counter)
 	}
 	byEvent, err := charge.Count(ctx, tx, ids, counters)
 	if err != nil {
 		return err
 	}
-	for _, j := range jobs {
-		r := decided[j]
-		if byEvent[r.Event.ID] == j.res.counter {
+	for _, cl := range cls {
+		r := decided[cl]
+		if byEvent[r.Event.ID] == cl.res.counter {
 			r.Outcome = r.Recorded
 			delete(byEvent, r.Event.ID) // once
-			decided[j] = r
+			decided[cl] = r
 		}
 	}
 	return nil
@@ -486,15 +504,15 @@ const oldEvent = 24 * time.Hour
 // events older than a day are being charged: not a failure (each is
 // charged once like any other), but an operator should know that orders
 // are being paid days late.
-func (p *Processor) observeAge(jobs []*job) {
+func (p *Processor) observeAge(cls []*claimant) {
 	now := p.now()
 	var oldest time.Duration
 	var old int64
-	for _, j := range jobs {
-		if j.res.Outcome == Parked {
+	for _, cl := range cls {
+		if cl.res.Outcome == Parked {
 			continue // not charged
 		}
-		age := now.Sub(j.res.Event.IDTime())
+		age := now.Sub(cl.res.Event.IDTime())
 		oldest = max(oldest, age)
 		if age >= oldEvent {
 			old++

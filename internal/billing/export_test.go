@@ -6,27 +6,32 @@ import (
 	"sync"
 )
 
-// Process is the tests' way to run events: Submit for each of msgs at
-// once, then wait for their results, in order, with the reasons of those
-// left Pending joined. Events of one order are claimed in the order given.
+// Process is the tests' way to run events: Handle for each of msgs at once,
+// on a goroutine each, their claims queued together so that one writer
+// claims them in one transaction, in the order given (events of one order
+// are decided in that order); it returns their results, in order, with the
+// reasons of those left Pending joined.
 func (p *Processor) Process(ctx context.Context, msgs []Message) ([]Result, error) {
 	results := make([]Result, len(msgs))
 	errs := make([]error, len(msgs))
-	var wg sync.WaitGroup
-	wg.Add(len(msgs))
-	var claim []*job
+	var tries []*try
+	var claim []*claimant
+	var at []int
 	for i, m := range msgs {
-		j := p.newJob(ctx, m, func(r Result, err error) { results[i], errs[i] = r, err; wg.Done() })
-		if j.res.Outcome == Parked && !j.res.announced() {
-			j.finish(nil)
+		t := p.newTry(ctx, &m)
+		if t.res.Outcome == Parked && !t.res.announced() {
+			results[i], errs[i] = t.res, t.tally(nil)
 			continue
 		}
-		claim = append(claim, j)
+		tries, claim, at = append(tries, t), append(claim, t.claimant()), append(at, i)
 	}
-	if !p.claims.push(claim...) { // one push: one writer takes them in order
-		for _, j := range claim {
-			j.finish(ErrStopped)
-		}
+	queued := p.toClaim(claim...)
+	var wg sync.WaitGroup
+	for n, t := range tries {
+		wg.Go(func() {
+			errs[at[n]] = t.tally(p.phases(t, claim[n], queued))
+			results[at[n]] = t.res
+		})
 	}
 	wg.Wait()
 	return results, errors.Join(uniqueErrors(errs)...)

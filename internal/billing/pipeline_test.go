@@ -3,6 +3,8 @@ package billing_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -13,23 +15,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"go.opentelemetry.io/otel/trace/noop"
+
 	"example.com/billing/internal/billing"
+	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dev/fakepsp"
+	"example.com/billing/internal/metrics"
+	"example.com/billing/internal/payment"
+	"example.com/billing/internal/payment/contract"
 	"example.com/billing/internal/testenv/wait"
 )
 
-// submitted submits values one by one, as the consumer does, and returns a
-// function that waits for their results.
-func submitted(t *testing.T, p *billing.Processor, values ...[]byte) func() []billing.Result {
+// handled handles values each on a goroutine of its own, as the
+// consumer's keys do, and returns a function that waits for their results.
+func handled(t *testing.T, p *billing.Processor, values ...[]byte) func() []billing.Result {
 	t.Helper()
 	results := make([]billing.Result, len(values))
 	var wg sync.WaitGroup
-	wg.Add(len(values))
 	for i, v := range values {
-		p.Submit(context.Background(), messages(v)[0], func(r billing.Result, _ error) {
-			results[i] = r
-			wg.Done()
-		})
+		wg.Go(func() { results[i], _ = p.Handle(context.Background(), messages(v)[0]) })
 	}
 	return func() []billing.Result { wg.Wait(); return results }
 }
@@ -37,7 +41,7 @@ func submitted(t *testing.T, p *billing.Processor, values ...[]byte) func() []bi
 // An event whose provider answer is slow holds no other event: each goes
 // through claim → charge → settle at its own pace, and the transactions
 // they share do not wait for the slow one's answer.
-func TestSubmit_ASlowAnswerHoldsNoOtherEvent(t *testing.T) {
+func TestHandle_ASlowAnswerHoldsNoOtherEvent(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	slow, slowValue := newEvent(t, 1, time.Now())
 	release := make(chan struct{})
@@ -56,8 +60,8 @@ func TestSubmit_ASlowAnswerHoldsNoOtherEvent(t *testing.T) {
 		_, v := newEvent(t, int64(100+i), time.Now())
 		fast = append(fast, v)
 	}
-	slowDone := submitted(t, proc, slowValue)
-	for i, r := range submitted(t, proc, fast...)() {
+	slowDone := handled(t, proc, slowValue)
+	for i, r := range handled(t, proc, fast...)() {
 		if r.Outcome != billing.Charged {
 			t.Errorf("event %d behind a slow answer: %v, want charged", i, r.Outcome)
 		}
@@ -71,7 +75,7 @@ func TestSubmit_ASlowAnswerHoldsNoOtherEvent(t *testing.T) {
 // Under load the claims and settles of many events share transactions
 // (group commit): far fewer transactions than events, and every event
 // still charged once.
-func TestSubmit_ClaimsAndSettlesShareTransactions(t *testing.T) {
+func TestHandle_ClaimsAndSettlesShareTransactions(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{Latency: 20 * time.Millisecond})
 	const events = 400
 	var values [][]byte
@@ -79,7 +83,7 @@ func TestSubmit_ClaimsAndSettlesShareTransactions(t *testing.T) {
 		_, v := newEvent(t, int64(1000+i), time.Now())
 		values = append(values, v)
 	}
-	for i, r := range submitted(t, f.proc, values...)() {
+	for i, r := range handled(t, f.proc, values...)() {
 		if r.Outcome != billing.Charged {
 			t.Fatalf("event %d: %v, want charged", i, r.Outcome)
 		}
@@ -117,7 +121,7 @@ func transactions(t *testing.T, f *fixture) map[string]int {
 // the settle waits) rolls back as a whole, but the answers it was to
 // record are not lost with it: they are settled again, one call at a time,
 // and every event is charged with one provider request, none asked twice.
-func TestSubmit_ASettleThatLosesItsConnectionIsSettledAgainWithItsAnswers(t *testing.T) {
+func TestHandle_ASettleThatLosesItsConnectionIsSettledAgainWithItsAnswers(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	for _, q := range []string{
 		`CREATE TABLE settle_gate (once boolean)`,
@@ -179,24 +183,26 @@ func TestRun_StoppingWithAFullQueueAnswersEveryEvent(t *testing.T) {
 	answered := map[int]billing.Result{}
 	var stopped int
 	var wg sync.WaitGroup
-	wg.Add(events)
 	for i, v := range values {
-		proc.Submit(ctx, messages(v)[0], func(r billing.Result, err error) {
+		wg.Go(func() {
+			r, err := proc.Handle(ctx, messages(v)[0])
 			mu.Lock()
 			defer mu.Unlock()
-			if _, twice := answered[i]; twice {
-				t.Errorf("event %d answered twice", i)
-			}
 			answered[i] = r
 			if errors.Is(err, billing.ErrStopped) || errors.Is(err, context.Canceled) {
 				stopped++
 			}
-			wg.Done()
 		})
 	}
 	time.Sleep(150 * time.Millisecond)
 	stop()
-	wg.Wait()
+	returned := make(chan struct{})
+	go func() { wg.Wait(); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("events still unanswered 10s after the processor stopped")
+	}
 	if len(answered) != events {
 		t.Fatalf("%d of %d events answered", len(answered), events)
 	}
@@ -228,7 +234,7 @@ func histogramCount(t *testing.T, h prometheus.Observer) uint64 {
 // ended, even when it was only waiting for a provider slot; its attempt
 // stays pending for whoever completes it, under the same key. A request
 // already sent is not cut short: it is answered and settled.
-func TestSubmit_NoChargeIsSentOnceItsFenceOrContextEnds(t *testing.T) {
+func TestHandle_NoChargeIsSentOnceItsFenceOrContextEnds(t *testing.T) {
 	for _, end := range []string{"fence", "context"} {
 		t.Run(end, func(t *testing.T) {
 			f := newFixture(t, fakepsp.Options{})
@@ -257,7 +263,10 @@ func TestSubmit_NoChargeIsSentOnceItsFenceOrContextEnds(t *testing.T) {
 				answers[i] = make(chan answer, 1)
 				m := messages(v)[0]
 				m.Fence = fence
-				proc.Submit(ctx, m, func(r billing.Result, err error) { answers[i] <- answer{r, err} })
+				go func() {
+					r, err := proc.Handle(ctx, m)
+					answers[i] <- answer{r, err}
+				}()
 			}
 			wait.For(t, 10*time.Second, "one request sent, the other waiting for the slot", func() bool {
 				return sent.Load() == 1 && f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`) == 2
@@ -293,6 +302,61 @@ func TestSubmit_NoChargeIsSentOnceItsFenceOrContextEnds(t *testing.T) {
 	}
 }
 
+// A charge that a pause of charging holds has not left: a copy of the event
+// whose context ends meanwhile returns Pending at once, although another
+// copy still wants the request, and the request goes once after the resume.
+func TestHandle_ACallerGivesUpAChargeThePauseHolds(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	srv := httptest.NewServer(f.psp)
+	t.Cleanup(srv.Close)
+	m := metrics.New(prometheus.NewRegistry())
+	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
+	t.Cleanup(payer.Close)
+	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
+		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
+	payer.SetPaused(true)
+
+	_, value := newEvent(t, 1, time.Now())
+	msg := messages(value)[0]
+	stays := make(chan billing.Result, 1)
+	go func() { r, _ := proc.Handle(context.Background(), msg); stays <- r }()
+	wait.For(t, 10*time.Second, "the first copy's attempt recorded", func() bool {
+		return f.count(t, `SELECT count(*) FROM charge WHERE status = 'pending'`) == 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // the pause asks whether it is wanted every second
+	defer cancel()
+	type answer struct {
+		r   billing.Result
+		err error
+	}
+	gaveUp := make(chan answer, 1)
+	go func() { r, err := proc.Handle(ctx, msg); gaveUp <- answer{r, err} }()
+	select {
+	case a := <-gaveUp:
+		if a.r.Outcome != billing.Pending || a.err == nil {
+			t.Fatalf("the copy whose context ended: %v, %v; want pending with a reason", a.r.Outcome, a.err)
+		}
+	case <-time.After(3 * time.Second):
+		payer.SetPaused(false) // let it go, so that the test ends
+		t.Fatal("the copy whose context ended still waits for the charge the pause holds")
+	}
+	if n := f.psp.Stats().Requests; n != 0 {
+		t.Fatalf("%d requests sent while paused", n)
+	}
+	payer.SetPaused(false)
+	select {
+	case r := <-stays:
+		if r.Outcome != billing.Charged {
+			t.Errorf("the copy that stayed: %v, want charged", r.Outcome)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the copy that stayed was not answered after the resume")
+	}
+	if n := f.psp.Stats().Requests; n != 1 {
+		t.Errorf("%d requests, want 1", n)
+	}
+}
+
 // testFence is a billing.Fence the test holds or lifts.
 type testFence struct{ holds atomic.Bool }
 
@@ -306,4 +370,40 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// However many events wait for the provider, at most the payment client's
+// slots (PAYMENT_MAX_CONCURRENCY) of their requests are in flight at once,
+// and every one is sent in turn: an event's goroutine waits for a slot, it
+// does not start a request of its own.
+func TestHandle_RequestsStayWithinThePaymentClientsSlots(t *testing.T) {
+	f := newFixture(t, fakepsp.Options{})
+	const slots, events = 3, 40
+	var inFlight, most atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(20 * time.Millisecond)
+		f.psp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	proc := f.processorWithSlots(t, srv.URL, slots)
+	var values [][]byte
+	for i := range events {
+		_, v := newEvent(t, int64(500+i), time.Now())
+		values = append(values, v)
+	}
+	for i, r := range handled(t, proc, values...)() {
+		if r.Outcome != billing.Charged {
+			t.Errorf("event %d: %v, want charged", i, r.Outcome)
+		}
+	}
+	if got := most.Load(); got != slots {
+		t.Errorf("at most %d requests in flight at once, want %d (the payment client's slots)", got, slots)
+	}
+	if st := f.psp.Stats(); st.Requests != events || st.ChargesCreated != events {
+		t.Errorf("provider stats %+v, want %d requests and charges", st, events)
+	}
 }

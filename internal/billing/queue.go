@@ -5,12 +5,15 @@ import (
 	"sync"
 )
 
-// queue is where work waits for a writer: events for a claim, answered
-// calls for a settle. A writer takes whatever is waiting, up to a batch, in
-// one transaction: alone when billing is idle, so nothing waits for a
-// batch to fill, and many together under load, so the transactions per
-// event fall as the load rises (group commit). Pushing never blocks: what
-// waits is bounded by the messages the consumer holds (MAX_IN_FLIGHT).
+// queue is where work waits for a writer: events for a claim, pushed by
+// the goroutine that handles the event (Handle), and answered calls for a
+// settle, pushed by the caller that sent the request; the event's
+// goroutine blocks until a writer has recorded what it waits for. A writer takes
+// whatever is waiting, up to a batch, in one transaction: alone when
+// billing is idle, so nothing waits for a batch to fill, and many together
+// under load, so the transactions per event fall as the load rises (group
+// commit). Pushing never blocks: what waits is bounded by the messages the
+// consumer holds (MAX_IN_FLIGHT).
 type queue[T any] struct {
 	mu     sync.Mutex
 	items  []T
@@ -82,11 +85,13 @@ func (q *queue[T]) close() []T {
 
 // callers runs the provider requests on at most limit goroutines (0: no
 // limit): a request beyond the limit waits in a FIFO as a closure of a few
-// words, and a caller that is answered takes the next one. A request that
-// waited as a goroutine of its own, blocked on the payment client's slot,
-// would hold a stack of several KiB and raise the GC's heap goal as much
-// again: at 500 ms MAX_IN_FLIGHT (2 × PAYMENT_MAX_CONCURRENCY) has about a
-// thousand requests waiting for a slot.
+// words, and a caller that is answered takes the next one. The event's own
+// goroutine (the consumer's key) waits for the call's settle meanwhile,
+// in a few frames: a request run on it would put net/http's frames on top
+// of the consumer's and billing's, doubling its stack to 16 KiB, and a
+// thousand keys waiting for a slot would each hold the payment client's
+// frames as well (BENCHMARKS.md, issue 43). Go's GC paces on the stacks
+// too, so each KiB of them costs about two of resident memory.
 type callers struct {
 	limit   int
 	mu      sync.Mutex

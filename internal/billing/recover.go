@@ -169,7 +169,7 @@ func (r *Recoverer) Recover(ctx context.Context, idle time.Duration) (RecoveryRe
 		if c.sent {
 			answered = append(answered, c)
 		} else {
-			s.abandon(c, c.err) // its re-send is another worker's
+			s.end(c, c.err) // its re-send is another worker's
 		}
 	}
 	calls = answered
@@ -248,7 +248,7 @@ func (r *Recoverer) settle(ctx context.Context, calls []*call) {
 		unsettled = s.settleBatch(ctx, unsettled)
 	}
 	for _, c := range unsettled {
-		s.abandon(c, c.settleErr)
+		s.end(c, c.settleErr)
 	}
 }
 
@@ -312,7 +312,7 @@ func (r *Recoverer) resolve(ctx context.Context, idle time.Duration, rep *Recove
 		if c.sent && ctx.Err() == nil {
 			answered = append(answered, c)
 		} else {
-			s.abandon(c, c.err)
+			s.end(c, c.err)
 		}
 	}
 	if ctx.Err() != nil {

@@ -48,11 +48,6 @@ type settler struct {
 	// provider's notification before it is looked up (Horizon.ResolveAfter).
 	resolveAfter time.Duration
 
-	// onSettled sends on an event that waited for a call, once the call
-	// is settled (Processor.decide). Only a Processor's calls have
-	// waiters: a recoverer of its own (maintain) leaves it nil.
-	onSettled func(c *call, j *job)
-
 	mu sync.Mutex
 	// active are the attempts this process is completing (charging or
 	// settling).
@@ -72,12 +67,8 @@ func newSettler(db *sqlx.DB, payer Payer, resolveAfter time.Duration, m *metrics
 	return s
 }
 
-// settleBatch runs phase 3 for calls in one transaction, then decides the
-// events that waited for them: an event whose own attempt this settle
-// recorded gets its outcome; one that waited for another attempt of its
-// order, or whose attempt someone else settled first, is claimed again;
-// one whose request is still unanswered is left Pending for the caller's
-// retry, which resumes the attempt under the same key.
+// settleBatch runs phase 3 for calls in one transaction, then ends each
+// call settled: the tries waiting for it read what it recorded (decide).
 //
 // A transaction that fails is not the provider's fault: its calls keep
 // their answers, and a batch is settled again one call at a time, so that
@@ -102,15 +93,7 @@ func (s *settler) settleBatch(ctx context.Context, calls []*call) (unsettled []*
 		return unsettled
 	}
 	for _, c := range calls {
-		s.mu.Lock()
-		if s.active[c.a.EventID] == c {
-			delete(s.active, c.a.EventID)
-		}
-		waiters := c.waiters
-		s.mu.Unlock()
-		for _, j := range waiters {
-			s.onSettled(c, j)
-		}
+		s.end(c, nil)
 	}
 	return nil
 }
@@ -121,7 +104,7 @@ func (s *settler) settleBatch(ctx context.Context, calls []*call) (unsettled []*
 // its waiters left Pending, as a failed claim leaves them.
 func (p *Processor) settleLater(c *call) {
 	if !c.sent {
-		p.abandon(c, c.settleErr)
+		p.end(c, c.settleErr)
 		return
 	}
 	p.metrics.Retries.WithLabelValues("database").Inc()
@@ -239,7 +222,7 @@ func (s *settler) answerOf(c *call, now time.Time) charge.Answer {
 		a.Err = "no verdict from the provider"
 	}
 	if c.counted != nil && !charge.Open(a.Status) {
-		a.CountedBy = c.counted.res.counter
+		a.CountedBy = c.counted.counter
 	}
 	return a
 }
@@ -319,7 +302,7 @@ func (s *settler) announcement(c *call, status string) outbox.Event {
 	}
 	sc := c.trace
 	if c.counted != nil {
-		sc = c.counted.res.trace // the attempt's own event
+		sc = c.counted.trace // the attempt's own event
 	}
 	o.Traceparent = tracing.Traceparent(sc)
 	return o

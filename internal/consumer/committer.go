@@ -90,41 +90,22 @@ func (c *Consumer) newCommitter(p *partition) committer {
 		s := &saving{sess: p.sess, topic: p.topic, id: p.id, positions: c.opts.Commit.positions, window: c.opts.ReplayWindow,
 			client: c.client, metrics: c.metrics, log: c.log, saveFailed: c.saveFailed,
 			saved: -1, poke: make(chan struct{}, 1), lost: make(chan struct{})}
-		s.done.Store(-1)
+		s.end.Store(-1)
 		if p.initial >= 0 {
 			s.saved = p.initial
 		}
 		return s
 	default:
 		m := &marking{sess: p.sess, topic: p.topic, id: p.id, commit: c.opts.Commit.each}
-		m.done.Store(-1)
+		m.end.Store(-1)
 		return m
 	}
 }
 
-// prefix is the commit rule over a tracker: done is the next offset after
-// the finished prefix, -1 before the first.
-type prefix struct {
-	tracker
-	done atomic.Int64
-}
-
-// finished records offset as finished and returns the new end of the
-// finished prefix when it moved.
-func (f *prefix) finished(offset int64) (int64, bool) {
-	next, ok := f.tracker.finish(offset)
-	if ok {
-		f.done.Store(next)
-	}
-	return next, ok
-}
-
-func (f *prefix) idle() (int64, bool) { return f.done.Load(), f.tracker.unfinished() == 0 }
-
 // marking marks the finished prefix as soon as it moves, and commits it at
 // once when commit is set.
 type marking struct {
-	prefix
+	tracker
 	sess   sarama.ConsumerGroupSession
 	topic  string
 	id     int32
@@ -132,17 +113,15 @@ type marking struct {
 }
 
 func (m *marking) finish(offset int64) {
-	if next, ok := m.finished(offset); ok {
+	if next, ok := m.tracker.finish(offset); ok {
 		m.mark(next)
 	}
 }
 
 func (m *marking) stepTo(to int64) {
-	if m.tracker.unfinished() > 0 || to <= m.done.Load() {
-		return
+	if m.tracker.stepTo(to) {
+		m.mark(to)
 	}
-	m.done.Store(to)
-	m.mark(to)
 }
 
 func (m *marking) mark(next int64) {
@@ -166,7 +145,7 @@ func (m *marking) rewound() <-chan struct{} { return nil }
 // committer saved before is the database having lost commits: the
 // partition is consumed again from there (rewind).
 type saving struct {
-	prefix
+	tracker
 	sess  sarama.ConsumerGroupSession
 	topic string
 	id    int32
@@ -198,24 +177,22 @@ const (
 )
 
 func (s *saving) finish(offset int64) {
-	if _, ok := s.finished(offset); ok && s.tracker.unfinished() == 0 {
+	if _, ok := s.tracker.finish(offset); ok && s.tracker.unfinished() == 0 {
 		s.nudge()
 	}
 }
 
 func (s *saving) stepTo(to int64) {
-	if s.tracker.unfinished() > 0 || s.rewinding.Load() || to <= s.done.Load() {
-		return
+	if !s.rewinding.Load() && s.tracker.stepTo(to) {
+		s.nudge()
 	}
-	s.done.Store(to)
-	s.nudge()
 }
 
 func (s *saving) idle() (int64, bool) {
 	if s.rewinding.Load() {
 		return 0, false
 	}
-	return s.prefix.idle()
+	return s.tracker.idle()
 }
 
 func (s *saving) nudge() {
@@ -262,7 +239,7 @@ func (s *saving) close(ctx context.Context) {
 // save saves the partition's position and marks it, committing at once
 // when commit is set and the position moved.
 func (s *saving) save(ctx context.Context, commit bool) {
-	at := max(s.done.Load(), s.saved)
+	at := max(s.end.Load(), s.saved)
 	if at < 0 {
 		return
 	}
@@ -342,15 +319,23 @@ func (s *saving) rewind(ctx context.Context, to int64) {
 // committable only when it and every message before it are finished:
 // sarama's MarkOffset never moves back, so marking a later offset early
 // would lose an earlier, unfinished message on a crash.
+//
+// The partition's keys finish their messages from goroutines of their
+// own, and the markers' look-ahead steps over markers from another: the
+// end of the finished prefix moves under the tracker's lock, so that it
+// never moves back.
 type tracker struct {
 	mu      sync.Mutex
-	entries []entry // ascending offsets; entries[head:] are not yet marked
+	entries []entry // ascending offsets; entries[head:] are past the finished prefix
 	head    int
+	// end is the next offset after the finished prefix, -1 before the
+	// first (the committers start it there); written under mu.
+	end atomic.Int64
 }
 
 type entry struct {
-	offset int64
-	done   bool
+	offset   int64
+	finished bool
 }
 
 // add records an offset taken off the claim. Offsets arrive in ascending
@@ -371,16 +356,17 @@ func (t *tracker) finish(offset int64) (int64, bool) {
 	if i == len(pending) || pending[i].offset != offset {
 		return 0, false
 	}
-	pending[i].done = true
+	pending[i].finished = true
 
 	start := t.head
-	for t.head < len(t.entries) && t.entries[t.head].done {
+	for t.head < len(t.entries) && t.entries[t.head].finished {
 		t.head++
 	}
 	if t.head == start {
 		return 0, false
 	}
 	next := t.entries[t.head-1].offset + 1
+	t.end.Store(next)
 	// Reuse the slice's space once most of it is marked.
 	if t.head > 1024 && t.head*2 > len(t.entries) {
 		t.entries = append(t.entries[:0], t.entries[t.head:]...)
@@ -388,6 +374,23 @@ func (t *tracker) finish(offset int64) (int64, bool) {
 	}
 	return next, true
 }
+
+// stepTo moves the end of the finished prefix to to, which follows only
+// transaction markers and aborted records (markers.go), when nothing taken
+// is unfinished and to is further; it reports whether it moved.
+func (t *tracker) stepTo(to int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.entries) > t.head || to <= t.end.Load() {
+		return false
+	}
+	t.end.Store(to)
+	return true
+}
+
+// idle returns the end of the finished prefix, -1 before the first, and
+// whether every offset taken is finished.
+func (t *tracker) idle() (int64, bool) { return t.end.Load(), t.unfinished() == 0 }
 
 // unfinished returns how many offsets are taken but not yet committable.
 func (t *tracker) unfinished() int {

@@ -31,11 +31,10 @@ import (
 )
 
 // Processor takes a message's event through billing (billing.Processor):
-// Submit returns at once, and done is called once, from another
-// goroutine, with what became of it (Pending, with why, when it must be
-// retried).
+// Handle returns what became of it, Pending (with why) when it must be
+// retried; ctx ends when the message is given up (its partition drained).
 type Processor interface {
-	Submit(ctx context.Context, m billing.Message, done func(billing.Result, error))
+	Handle(ctx context.Context, m billing.Message) (billing.Result, error)
 }
 
 // Parker parks a message in the dead-letter topic (package dlq): it
@@ -264,10 +263,11 @@ func (c *Consumer) Cleanup(sess sarama.ConsumerGroupSession) error {
 	return nil
 }
 
-// ConsumeClaim implements sarama.ConsumerGroupHandler. It dispatches the
-// partition's messages to billing, one key at a time, and returns when the
-// claim ends (revoked, or the session is over), after the work in flight
-// finished or was abandoned.
+// ConsumeClaim implements sarama.ConsumerGroupHandler. It hands the
+// partition's messages to a goroutine per key (one key's messages in
+// offset order, every key at once), and returns when the claim ends
+// (revoked, or the session is over), after the work in flight finished or
+// was abandoned.
 func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	c.pauseClaim(claim)
 	p := c.newPartition(sess, claim)
@@ -284,7 +284,9 @@ func (c *Consumer) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.C
 	stopCommitting()
 	committer.Wait()
 	// What finished since the last commit is committed with the session's
-	// end (once the database has it, with SavePositions).
+	// end (once the database has it, with SavePositions); a key still busy
+	// past the drain marks nothing more.
+	p.release()
 	ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
 	p.commit.close(ctx)
 	cancel()

@@ -84,12 +84,8 @@ func newRecorder() *recorder {
 	return &recorder{finished: map[string]int{}, hold: map[string]chan struct{}{}}
 }
 
-func (r *recorder) Submit(ctx context.Context, m billing.Message, done func(billing.Result, error)) {
-	go func() { done(r.process(ctx, m)) }()
-}
-
-// process is what billing would take a while to do with m.
-func (r *recorder) process(ctx context.Context, m billing.Message) (billing.Result, error) {
+// Handle is what billing would take a while to do with m.
+func (r *recorder) Handle(ctx context.Context, m billing.Message) (billing.Result, error) {
 	n := r.inFlight.Add(1)
 	defer r.inFlight.Add(-1)
 	for {
@@ -733,11 +729,11 @@ type fenceLog struct {
 	fences []billing.Fence
 }
 
-func (f *fenceLog) Submit(ctx context.Context, m billing.Message, done func(billing.Result, error)) {
+func (f *fenceLog) Handle(ctx context.Context, m billing.Message) (billing.Result, error) {
 	f.mu.Lock()
 	f.fences = append(f.fences, m.Fence)
 	f.mu.Unlock()
-	f.proc.Submit(ctx, m, done)
+	return f.proc.Handle(ctx, m)
 }
 
 // anyHolds reports whether some message's fence holds.

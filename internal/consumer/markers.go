@@ -63,7 +63,7 @@ func (c *Consumer) stepOverMarkers(ctx context.Context) {
 				continue
 			}
 			if to > from {
-				p.inbox.post(answer{step: to})
+				p.stepTo(to)
 			}
 		}
 		looked = seen

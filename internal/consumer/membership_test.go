@@ -83,11 +83,11 @@ type startLog struct {
 	starts []time.Time
 }
 
-func (s *startLog) Submit(ctx context.Context, m billing.Message, done func(billing.Result, error)) {
+func (s *startLog) Handle(ctx context.Context, m billing.Message) (billing.Result, error) {
 	s.mu.Lock()
 	s.starts = append(s.starts, time.Now())
 	s.mu.Unlock()
-	s.proc.Submit(ctx, m, done)
+	return s.proc.Handle(ctx, m)
 }
 
 func (s *startLog) count() int {

@@ -63,9 +63,9 @@ func (b *breaker) release(probe bool) {
 	b.probing = false
 }
 
-// done records the result of an allowed call: healthy is false for an
+// record records the result of an allowed call: healthy is false for an
 // answer that says the provider is unavailable.
-func (b *breaker) done(healthy, probe bool) {
+func (b *breaker) record(healthy, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if probe {

@@ -29,7 +29,13 @@ type Request struct {
 	// the request by then (the message's partition is another consumer's).
 	// An error leaves it unsent: Charge returns a *TransientError that
 	// wraps ErrNotSent and it. It is not part of what the provider sees.
+	// While charging is paused it is asked every second as well.
 	Ready func() error
+	// Leave, when set, is asked instead of Ready at the last moment, when
+	// nothing but the network stands between the request and the provider:
+	// nil lets it go, and commits the caller to wait for its answer. Ready
+	// may be asked many times before; Leave is the one answer that sends.
+	Leave func() error
 }
 
 // Kind is what a provider's answer means for a charge attempt. billing's

@@ -157,6 +157,42 @@ func TestClient_PauseAsksReady(t *testing.T) {
 	}
 }
 
+// A pause asks Ready and never Leave: Leave is the one answer that sends
+// (billing's callers then wait for the answer whatever their context
+// does), asked once, when the request goes after the resume.
+func TestClient_PauseAsksReadyLeaveOnlySends(t *testing.T) {
+	t.Parallel()
+	var p provider
+	c, _ := newClient(t, config{BaseURL: p.start(t)})
+	c.SetPaused(true)
+	var ready, leave atomic.Int64
+	r := charge
+	r.Ready = func() error { ready.Add(1); return nil }
+	r.Leave = func() error {
+		leave.Add(1)
+		if n := p.charges.Load(); n != 0 {
+			t.Errorf("Leave asked after %d charges were sent, want before", n)
+		}
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { _, err := c.Charge(context.Background(), r); done <- err }()
+	time.Sleep(1500 * time.Millisecond) // the pause asks Ready at once and every second
+	if n := ready.Load(); n < 2 {
+		t.Errorf("Ready asked %d times during the pause, want at least 2", n)
+	}
+	if n := leave.Load(); n != 0 {
+		t.Fatalf("Leave asked %d times during the pause, want 0", n)
+	}
+	c.SetPaused(false)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n, sent := leave.Load(), p.charges.Load(); n != 1 || sent != 1 {
+		t.Errorf("after the resume: Leave asked %d times, %d charges sent; want 1 and 1", n, sent)
+	}
+}
+
 // resending is the contract with a lookup that sends the payment again,
 // as Adyen's does.
 type resending struct{ payment.Protocol }

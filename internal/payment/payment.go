@@ -267,7 +267,11 @@ func (c *Client) charge(ctx context.Context, r Request) (Outcome, error) {
 		return Outcome{}, Transient("circuit_open", 0, ErrCircuitOpen)
 	}
 	started := time.Now()
-	out, err := c.proto.Charge(ctx, doer{c: c, limit: maxAnswer, paced: true, creates: true, ready: r.Ready}, r)
+	last := r.Ready
+	if r.Leave != nil {
+		last = r.Leave
+	}
+	out, err := c.proto.Charge(ctx, doer{c: c, limit: maxAnswer, paced: true, creates: true, ready: last}, r)
 	if u := unsentOf(err); u != nil {
 		c.breaker.release(probe)
 		return Outcome{}, u
@@ -286,7 +290,7 @@ func (c *Client) charge(ctx context.Context, r Request) (Outcome, error) {
 	// being processed: nothing about the provider's health.
 	// Our own cancellation (a drain cut short) says nothing either.
 	if probe || (result != "conflict" && ctx.Err() == nil) {
-		c.breaker.done(healthy(result), probe)
+		c.breaker.record(healthy(result), probe)
 	}
 	return out, err
 }
