@@ -620,10 +620,18 @@ func (f *fixture) processorFor(t *testing.T, url string) *billing.Processor {
 // in flight.
 func (f *fixture) processorWithSlots(t *testing.T, url string, slots int) *billing.Processor {
 	t.Helper()
+	_, p := f.payingProcessor(t, url, slots)
+	return p
+}
+
+// payingProcessor is processorWithSlots with its payment client, for a
+// test that pauses charging.
+func (f *fixture) payingProcessor(t *testing.T, url string, slots int) (*payment.Client, *billing.Processor) {
+	t.Helper()
 	m := metrics.New(prometheus.NewRegistry())
 	payer := payment.New(contract.New(url, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: slots}, m)
 	t.Cleanup(payer.Close)
-	return running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
+	return payer, running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
 		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
 }
 

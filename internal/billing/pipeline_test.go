@@ -3,8 +3,6 @@ package billing_test
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -15,14 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"go.opentelemetry.io/otel/trace/noop"
-
 	"example.com/billing/internal/billing"
-	"example.com/billing/internal/dedup"
 	"example.com/billing/internal/dev/fakepsp"
-	"example.com/billing/internal/metrics"
-	"example.com/billing/internal/payment"
-	"example.com/billing/internal/payment/contract"
 	"example.com/billing/internal/testenv/wait"
 )
 
@@ -309,11 +301,7 @@ func TestHandle_ACallerGivesUpAChargeThePauseHolds(t *testing.T) {
 	f := newFixture(t, fakepsp.Options{})
 	srv := httptest.NewServer(f.psp)
 	t.Cleanup(srv.Close)
-	m := metrics.New(prometheus.NewRegistry())
-	payer := payment.New(contract.New(srv.URL, ""), payment.Config{Timeout: 5 * time.Second, MaxConcurrency: 4}, m)
-	t.Cleanup(payer.Close)
-	proc := running(t, billing.NewProcessor(f.db, dedup.NewStore("test-group"), payer, billing.Horizon{Retention: 7 * 24 * time.Hour, MaxFutureSkew: time.Hour, ProviderWindow: 24 * time.Hour},
-		m, noop.NewTracerProvider(), slog.New(slog.NewTextHandler(io.Discard, nil))))
+	payer, proc := f.payingProcessor(t, srv.URL, 4)
 	payer.SetPaused(true)
 
 	_, value := newEvent(t, 1, time.Now())
