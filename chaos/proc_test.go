@@ -367,10 +367,12 @@ func (c *consumer) getBody(path string) (int, string) {
 }
 
 // healthzOK judges a /healthz answer: 200, or no answer from a process
-// that has exited or was started so recently that its HTTP server may not
-// listen yet.
+// that has exited, that the suite signaled (a SIGTERM closes the HTTP
+// server milliseconds before the exit is recorded), or that was started
+// so recently that its HTTP server may not listen yet.
 func (c *consumer) healthzOK(code int) bool {
-	return code == http.StatusOK || c.exited() || (code == 0 && time.Since(c.started) < 5*time.Second)
+	return code == http.StatusOK || c.exited() ||
+		(code == 0 && (c.wasSignaled() || time.Since(c.started) < 5*time.Second))
 }
 
 // waitReady waits until /readyz answers 200.
