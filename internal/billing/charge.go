@@ -234,18 +234,15 @@ func (p *Processor) charge(ctx context.Context, c *call) {
 	// Asked again while the request waits for its turn, which a rate limit
 	// or a pause can make seconds later, and once it has it (Leave): a
 	// partition lost meanwhile sends nothing more.
-	req.Ready = func() error {
-		if err := withinWindow(p.now(), c.a, p.horizon.ProviderWindow); err != nil {
-			return err
+	withinWindowAnd := func(check func(*call) error) func() error {
+		return func() error {
+			if err := withinWindow(p.now(), c.a, p.horizon.ProviderWindow); err != nil {
+				return err
+			}
+			return check(c)
 		}
-		return p.wanted(c)
 	}
-	req.Leave = func() error {
-		if err := withinWindow(p.now(), c.a, p.horizon.ProviderWindow); err != nil {
-			return err
-		}
-		return p.leave(c)
-	}
+	req.Ready, req.Leave = withinWindowAnd(p.wanted), withinWindowAnd(p.leave)
 	c.answered(p.payer.Charge(ctx, req))
 	if errors.Is(c.err, payment.ErrNotSent) {
 		c.sent = false // left pending

@@ -70,7 +70,11 @@ func (p *partition) handle(k *key, m *message) bool {
 		if done {
 			return true
 		}
-		if p.draining.Load() || !p.retry(k, m, &wait, err) {
+		if wait == nil { // most messages never need one
+			wait = backoff.NewExponentialBackOff()
+			wait.InitialInterval, wait.MaxInterval = 100*time.Millisecond, 5*time.Second
+		}
+		if p.draining.Load() || !p.retry(k, m, wait.NextBackOff(), err) {
 			return false // given up with the rest of the claim
 		}
 	}
@@ -111,16 +115,10 @@ func (p *partition) deadLetter(m *message) (bool, error) {
 	return true, nil
 }
 
-// retry waits before m is tried again, with exponential backoff and jitter
-// (at least the Retry-After err carries), and reports false when the claim
-// ends first.
-func (p *partition) retry(k *key, m *message, wait **backoff.ExponentialBackOff, err error) bool {
-	if *wait == nil {
-		*wait = backoff.NewExponentialBackOff()
-		(*wait).InitialInterval = 100 * time.Millisecond
-		(*wait).MaxInterval = 5 * time.Second
-	}
-	d := (*wait).NextBackOff()
+// retry waits d (the backoff's next interval, with jitter) before m is
+// tried again, at least the Retry-After err carries, and reports false
+// when the claim ends first.
+func (p *partition) retry(k *key, m *message, d time.Duration, err error) bool {
 	if ra, ok := errors.AsType[retryAfter](err); ok {
 		d = max(d, ra.RetryAfter())
 	}
